@@ -1,0 +1,22 @@
+# Sourced by bench.sh and test.sh: cd to the repository, create or reuse .venv, and
+# install the project (with the extras in $TF_TPUT_EXTRAS) only when setup.py changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv with $($PYTHON --version)" >&2
+  "$PYTHON" -m venv .venv
+fi
+stamp=".venv/.tf_tput_installed"
+want="$(cat setup.py | sha256sum | cut -d' ' -f1) extras=${TF_TPUT_EXTRAS}"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "installing tf_tput[${TF_TPUT_EXTRAS}] into .venv (setup.py changed or first run)" >&2
+  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -m pip install --quiet -e ".[${TF_TPUT_EXTRAS}]" 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
+  .venv/bin/python -c "import tf_tput, tensorflow, mesh_tensorflow, gin" 2>/dev/null \
+    || { echo "error: installing into .venv failed; see pip's output above" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

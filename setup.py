@@ -1,0 +1,35 @@
+"""tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
+
+Install for development with `pip install -e ".[test]"`; scripts/bench.sh and
+scripts/test.sh do it for you in .venv. The gin/ files are read from the source tree,
+so install in editable mode.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tf_tput",
+    version="0.1.0",
+    description="Comparative training-throughput benchmarks: Mesh TensorFlow baseline "
+                "and other systems on the same gin-configured models",
+    packages=find_packages(include=["tf_tput", "tf_tput.*"]),
+    python_requires=">=3.10,<3.13",
+    install_requires=[
+        # tensorflow-cpu on CPU machines; on a GPU or TPU host install `tensorflow`
+        # (or tensorflow[and-cuda]) alongside: it satisfies the same imports.
+        "tensorflow-cpu>=2.16,<2.22",
+        "mesh-tensorflow==0.1.21",    # last release; tf_tput/compat makes it import
+        "gin-config>=0.5,<0.6",
+        "absl-py>=2.0,<3",
+        "numpy>=1.26,<3",
+        "tensorboard>=2.16,<2.22",
+        "tensorflow-datasets>=4.9,<4.10",
+    ],
+    extras_require={
+        "jax": ["jax>=0.4.30,<0.11", "optax>=0.2,<0.3", "flax>=0.8,<0.13"],
+        # torch 2.13.0 is the CPU build on these machines' disk; a plain `torch`
+        # pulls a multi-GB CUDA build.
+        "ray": ["ray>=2.9,<3", "torch==2.13.0"],
+        "test": ["pytest>=7,<9", "psutil>=5.9,<8"],
+    },
+)

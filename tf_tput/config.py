@@ -1,0 +1,226 @@
+"""Experiment configuration: gin-configurable frozen dataclasses, validated early.
+
+Gin files under gin/ bind these classes and nothing else, so every system reads the
+same model truth. Validation needs no ML framework: a wrong binding, a mesh that does
+not match the devices or a dimension its mesh axis does not divide fails in
+milliseconds, before TensorFlow or JAX start.
+"""
+
+import dataclasses
+import importlib.util  # noqa: F401  gin 0.5 needs it loaded to report a missing include
+import pathlib
+import re
+from typing import Optional, Sequence
+
+import gin
+
+from tf_tput import GIN_DIR, REPO_ROOT
+from tf_tput.errors import UsageError
+
+ARCHS = ("encoder_decoder", "decoder")
+DTYPES = ("float32", "bfloat16")
+DATA_SOURCES = ("synthetic", "tfds")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A T5-family Transformer (mesh_tensorflow.transformer semantics)."""
+  name: str
+  arch: str                 # "encoder_decoder" (T5) or "decoder" (decoder-only LM)
+  num_layers: int           # per stack: T5's encoder and decoder each have this many
+  d_model: int
+  d_ff: int
+  num_heads: int
+  d_kv: int                 # per head; attention width is num_heads * d_kv
+  vocab_size: int           # padded to a multiple of 128 as mtf does (models.py)
+  relative_attention_num_buckets: int = 32
+  activation_dtype: str = "float32"   # variables stay float32 in every case
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh TensorFlow syntax: mesh "batch:2;model:2", layout "tensor_dim:mesh_axis;..."."""
+  mesh_shape: str = "batch:1"
+  layout: str = "batch:batch;d_ff:model;heads:model;vocab:model"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  global_batch: int = 8
+  steps: int = 20           # measured steps
+  warmup_steps: int = 2     # run first, not measured (graph build / compile)
+  seed: int = 0
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  source: str = "synthetic"       # "synthetic" (seeded, no padding) or "tfds"
+  inputs_length: int = 128        # encoder tokens per example (encoder_decoder only)
+  targets_length: int = 128
+  tfds_name: str = ""             # e.g. "lm1b"; with source = "tfds"
+  tfds_split: str = "train"
+  data_dir: Optional[str] = None
+  text_key: str = "text"
+  pack: bool = False              # pack several examples per row (tfds only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  model: ModelConfig
+  mesh: MeshConfig
+  train: TrainConfig
+  data: DataConfig
+  operative_config: str     # the gin text that produced this experiment
+
+  @property
+  def mesh_shape(self) -> dict:
+    return parse_mesh_shape(self.mesh.mesh_shape)
+
+  @property
+  def layout(self) -> dict:
+    return parse_layout(self.mesh.layout)
+
+  @property
+  def num_devices(self) -> int:
+    return mesh_size(self.mesh_shape)
+
+
+def _pairs(text: str, what: str, example: str) -> list:
+  pairs = []
+  for item in filter(None, (part.strip() for part in text.split(";"))):
+    key, sep, value = (s.strip() for s in item.partition(":"))
+    if not sep or not key or not value:
+      raise UsageError(f"{what} {text!r}: entry {item!r} is not 'name:value'; "
+                       f"write it as {example!r}")
+    pairs.append((key, value))
+  return pairs
+
+
+def parse_mesh_shape(text: str) -> dict:
+  """"batch:2;model:2" -> {"batch": 2, "model": 2} (order kept)."""
+  shape = {}
+  for axis, size in _pairs(text, "mesh_shape", "batch:2;model:2"):
+    if not size.isdigit() or int(size) < 1:
+      raise UsageError(f"mesh_shape {text!r}: axis {axis!r} has size {size!r}; "
+                       "sizes are positive integers, e.g. 'batch:2;model:2'")
+    if axis in shape:
+      raise UsageError(f"mesh_shape {text!r} names axis {axis!r} twice")
+    shape[axis] = int(size)
+  if not shape:
+    raise UsageError("mesh_shape is empty; use 'batch:1' for one device")
+  return shape
+
+
+def parse_layout(text: str) -> dict:
+  """"batch:batch;d_ff:model" -> {"batch": "batch", "d_ff": "model"}."""
+  return dict(_pairs(text, "layout", "batch:batch;d_ff:model"))
+
+
+def mesh_size(mesh_shape: dict) -> int:
+  size = 1
+  for axis_size in mesh_shape.values():
+    size *= axis_size
+  return size
+
+
+def resolve_gin_file(name: str) -> pathlib.Path:
+  """A gin file path as given, else relative to the repository, else under gin/."""
+  for candidate in (pathlib.Path(name), REPO_ROOT / name, GIN_DIR / name):
+    if candidate.is_file():
+      return candidate.resolve()
+  raise UsageError(f"gin file {name!r} not found (looked in the current directory, "
+                   f"{REPO_ROOT} and {GIN_DIR}); pass e.g. gin/models/t5_small.gin")
+
+
+def _one_line(error: Exception) -> str:
+  return " ".join(str(error).split())
+
+
+def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> Experiment:
+  """Parses gin files and bindings (later ones win) into a validated Experiment."""
+  paths = [str(resolve_gin_file(name)) for name in gin_files]
+  gin.clear_config()
+  gin.add_config_file_search_path(str(REPO_ROOT))
+  try:
+    # Unlocked: mesh_tensorflow registers its own configurables when it is imported.
+    gin.parse_config_files_and_bindings(paths, list(gin_params), finalize_config=False)
+  except (ValueError, SyntaxError, IOError, AttributeError) as e:
+    raise UsageError(f"gin: {_one_line(e)}; check the binding against the "
+                     "configurables in tf_tput/config.py") from None
+  try:
+    experiment_parts = dict(model=ModelConfig(), mesh=MeshConfig(),
+                            train=TrainConfig(), data=DataConfig())
+  except TypeError as e:
+    missing = re.search(r"arguments: (\[.*?\])", str(e))
+    raise UsageError(
+        f"gin: no value bound for {missing.group(1) if missing else _one_line(e)}; "
+        "pass a model file, e.g. --gin_file=gin/models/t5_small.gin") from None
+  experiment = Experiment(**experiment_parts, operative_config=gin.operative_config_str())
+  validate(experiment)
+  return experiment
+
+
+def _check_positive(value, name: str, minimum: int = 1) -> None:
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    raise UsageError(f"{name} = {value!r}; it must be an integer >= {minimum}")
+
+
+def tensor_dim_sizes(experiment: Experiment) -> dict:
+  """Sizes of the named tensor dimensions a layout can place on mesh axes."""
+  from tf_tput import models  # models imports config; keep the cycle out of import time
+  m = experiment.model
+  return {
+      "batch": experiment.train.global_batch, "d_model": m.d_model, "d_ff": m.d_ff,
+      "heads": m.num_heads, "d_kv": m.d_kv, "vocab": models.padded_vocab(m.vocab_size),
+  }
+
+
+def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
+  """Raises UsageError naming the first bad value and its fix."""
+  m, t, d = experiment.model, experiment.train, experiment.data
+  if m.arch not in ARCHS:
+    raise UsageError(f"ModelConfig.arch = {m.arch!r}; choose one of {ARCHS}")
+  if m.activation_dtype not in DTYPES:
+    raise UsageError(f"ModelConfig.activation_dtype = {m.activation_dtype!r}; "
+                     f"choose one of {DTYPES}")
+  for field in ("num_layers", "d_model", "d_ff", "num_heads", "d_kv", "vocab_size",
+                "relative_attention_num_buckets"):
+    _check_positive(getattr(m, field), f"ModelConfig.{field}")
+  _check_positive(t.global_batch, "TrainConfig.global_batch (--global_batch)")
+  _check_positive(t.steps, "TrainConfig.steps (--steps)")
+  _check_positive(t.warmup_steps, "TrainConfig.warmup_steps (--warmup_steps)")
+  _check_positive(d.targets_length, "DataConfig.targets_length")
+  if m.arch == "encoder_decoder":
+    _check_positive(d.inputs_length, "DataConfig.inputs_length")
+  if d.source not in DATA_SOURCES:
+    raise UsageError(f"DataConfig.source = {d.source!r}; choose one of {DATA_SOURCES}")
+  if d.source == "tfds" and not d.tfds_name:
+    raise UsageError("DataConfig.source = 'tfds' needs DataConfig.tfds_name, "
+                     "e.g. --gin_param=\"DataConfig.tfds_name='lm1b'\"")
+  if d.pack and d.source != "tfds":
+    raise UsageError("DataConfig.pack = True applies to tfds data only; synthetic "
+                     "batches have no padding to pack away")
+
+  mesh_shape, layout = experiment.mesh_shape, experiment.layout
+  size = mesh_size(mesh_shape)
+  if num_devices is not None and size != num_devices:
+    raise UsageError(
+        f"mesh_shape {experiment.mesh.mesh_shape!r} has {size} devices but "
+        f"{num_devices} are available; pass --num_cpu_devices={size} or a mesh file "
+        f"with {num_devices} devices (gin/mesh/)")
+  dim_sizes = tensor_dim_sizes(experiment)
+  for tensor_dim, axis in layout.items():
+    if tensor_dim not in dim_sizes:
+      raise UsageError(f"layout {experiment.mesh.layout!r} names tensor dimension "
+                       f"{tensor_dim!r}; known dimensions: {sorted(dim_sizes)}")
+    if axis not in mesh_shape:
+      continue  # as in mtf: a rule for an axis the mesh lacks does not apply
+    if dim_sizes[tensor_dim] % mesh_shape[axis]:
+      raise UsageError(
+          f"{tensor_dim} = {dim_sizes[tensor_dim]} is not divisible by mesh axis "
+          f"{axis!r} of size {mesh_shape[axis]} (layout {tensor_dim}:{axis}); change "
+          f"the size, the mesh_shape or drop {tensor_dim}:{axis} from the layout")

@@ -1,0 +1,164 @@
+"""Framework-neutral input batches: dicts of int32 numpy arrays, the same for every system.
+
+Keys follow mesh_tensorflow.transformer: "targets" always, "inputs" for encoder-decoder
+models, and "{inputs,targets}_segmentation" / "_position" when examples are packed.
+Id 0 is padding, 1 is EOS. Synthetic data (the default) is seeded and has no padding;
+tfds text is byte-encoded and padded or packed, and then padding counts.
+"""
+
+from typing import Iterator
+
+import numpy as np
+
+from tf_tput.config import DataConfig, Experiment
+from tf_tput.errors import UsageError
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+FEATURES = ("inputs", "targets")
+
+
+class ByteVocabulary:
+  """UTF-8 bytes shifted past the three special ids (as T5's ByteVocabulary)."""
+  num_special = 3
+  size = 256 + num_special
+
+  def encode(self, text) -> list:
+    data = text if isinstance(text, bytes) else str(text).encode("utf-8")
+    return [b + self.num_special for b in data]
+
+  def decode(self, ids) -> str:
+    return bytes(i - self.num_special for i in ids
+                 if i >= self.num_special).decode("utf-8", errors="replace")
+
+
+def features_of(experiment: Experiment) -> tuple:
+  return FEATURES if experiment.model.arch == "encoder_decoder" else ("targets",)
+
+
+def lengths_of(experiment: Experiment) -> dict:
+  d = experiment.data
+  return {"inputs": d.inputs_length, "targets": d.targets_length}
+
+
+def count_tokens(batch: dict) -> tuple:
+  """(non-padding tokens, all positions) over the model's inputs and targets."""
+  arrays = [batch[k] for k in FEATURES if k in batch]
+  return (int(sum(np.count_nonzero(a) for a in arrays)), int(sum(a.size for a in arrays)))
+
+
+def batches(experiment: Experiment) -> Iterator[dict]:
+  """An endless iterator of global batches for this experiment."""
+  if experiment.data.source == "synthetic":
+    return _synthetic(experiment)
+  return _tfds(experiment)
+
+
+def _synthetic(experiment: Experiment) -> Iterator[dict]:
+  """Seeded tokens from a fixed Zipf-like unigram distribution, no padding.
+
+  A skewed distribution (rather than uniform ids) gives the model something to learn,
+  so a falling loss shows that training works; throughput does not depend on it.
+  """
+  rng = np.random.default_rng(experiment.train.seed)
+  vocab = experiment.model.vocab_size
+  ranks = np.arange(1, vocab - EOS_ID)  # ids 2 .. vocab-1
+  cdf = np.cumsum(1.0 / ranks)
+  cdf /= cdf[-1]
+  order = rng.permutation(ranks) + EOS_ID  # which id gets which frequency
+  shapes = {k: (experiment.train.global_batch, lengths_of(experiment)[k])
+            for k in features_of(experiment)}
+  while True:
+    yield {k: order[np.searchsorted(cdf, rng.random(shape))].astype(np.int32)
+           for k, shape in shapes.items()}
+
+
+def _text_examples(data: DataConfig, features: tuple) -> Iterator[dict]:
+  """Byte-encoded examples from a tfds text dataset, repeated forever."""
+  import tensorflow_datasets as tfds  # imports TensorFlow; only on this path
+
+  vocab = ByteVocabulary()
+  try:
+    dataset = tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
+                        shuffle_files=False)
+  except Exception as e:  # tfds raises many types; all mean "cannot read this dataset"
+    raise UsageError(f"tfds dataset {data.tfds_name!r} split {data.tfds_split!r} "
+                     f"(data_dir={data.data_dir!r}) cannot be loaded: "
+                     f"{' '.join(str(e).split())[:300]}; prepare it with tfds "
+                     "or set DataConfig.data_dir") from None
+  while True:
+    seen = 0
+    for example in tfds.as_numpy(dataset):
+      if data.text_key not in example:
+        raise UsageError(f"tfds dataset {data.tfds_name!r} has no feature "
+                         f"{data.text_key!r} (features: {sorted(example)}); "
+                         "set DataConfig.text_key")
+      ids = vocab.encode(example[data.text_key])
+      seen += 1
+      if features == ("targets",):
+        yield {"targets": ids + [EOS_ID]}
+      else:  # prefix -> continuation: the text's first half is the encoder input
+        half = max(1, len(ids) // 2)
+        yield {"inputs": ids[:half] + [EOS_ID], "targets": ids[half:] + [EOS_ID]}
+    if not seen:
+      raise UsageError(f"tfds dataset {data.tfds_name!r} split {data.tfds_split!r} "
+                       "is empty; choose another split")
+
+
+def _tfds(experiment: Experiment) -> Iterator[dict]:
+  if experiment.model.vocab_size < ByteVocabulary.size:
+    raise UsageError(f"ModelConfig.vocab_size = {experiment.model.vocab_size} is smaller "
+                     f"than the byte vocabulary ({ByteVocabulary.size}); use a larger model")
+  features, lengths = features_of(experiment), lengths_of(experiment)
+  rows = _pack if experiment.data.pack else _pad
+  return _stack_rows(rows(_text_examples(experiment.data, features), features, lengths),
+                     experiment.train.global_batch)
+
+
+def _pad(examples, features, lengths) -> Iterator[dict]:
+  """One example per row, truncated and padded with PAD_ID."""
+  for example in examples:
+    row = {}
+    for k in features:
+      ids = example[k][:lengths[k]]
+      row[k] = np.pad(np.asarray(ids, np.int32), (0, lengths[k] - len(ids)))
+    yield row
+
+
+def _pack(examples, features, lengths) -> Iterator[dict]:
+  """Greedy packing: examples are appended to a row while every feature still fits.
+
+  Each packed example gets a segment id (1, 2, ...) and positions restarting at 0, so
+  attention stays within the example, as in mesh_tensorflow's pack_dataset.
+  """
+  def empty():
+    return {k: [] for k in features}, {k: [] for k in features}, {k: [] for k in features}
+
+  ids, segments, positions = empty()
+  segment = 0
+  for example in examples:
+    example = {k: example[k][:lengths[k]] for k in features}
+    if any(len(ids[k]) + len(example[k]) > lengths[k] for k in features):
+      yield _packed_row(ids, segments, positions, features, lengths)
+      ids, segments, positions = empty()
+      segment = 0
+    segment += 1
+    for k in features:
+      ids[k] += example[k]
+      segments[k] += [segment] * len(example[k])
+      positions[k] += list(range(len(example[k])))
+
+
+def _packed_row(ids, segments, positions, features, lengths) -> dict:
+  row = {}
+  for k in features:
+    pad = (0, lengths[k] - len(ids[k]))
+    row[k] = np.pad(np.asarray(ids[k], np.int32), pad)
+    row[f"{k}_segmentation"] = np.pad(np.asarray(segments[k], np.int32), pad)
+    row[f"{k}_position"] = np.pad(np.asarray(positions[k], np.int32), pad)
+  return row
+
+
+def _stack_rows(rows: Iterator[dict], batch_size: int) -> Iterator[dict]:
+  while True:
+    chunk = [next(rows) for _ in range(batch_size)]
+    yield {k: np.stack([row[k] for row in chunk]) for k in chunk[0]}

@@ -1,0 +1,60 @@
+"""Where a result came from: library versions, hardware, and the git commit."""
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+
+from tf_tput import REPO_ROOT
+
+# env key -> distribution whose version it records (None when not installed).
+DISTRIBUTIONS = {
+    "tensorflow": ("tensorflow", "tensorflow-cpu"),
+    "mesh_tensorflow": ("mesh-tensorflow",),
+    "jax": ("jax",),
+    "numpy": ("numpy",),
+}
+
+
+def _version(names) -> str | None:
+  for name in names:
+    try:
+      return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  return None
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def env(accelerators: list) -> dict:
+  out = {"python": sys.version.split()[0]}
+  out.update({key: _version(names) for key, names in DISTRIBUTIONS.items()})
+  out.update(platform=platform.platform(), cpu=cpu_model(), cpu_count=os.cpu_count(),
+             accelerators=accelerators)
+  return out
+
+
+def git_commit() -> str | None:
+  """HEAD of the checkout, with "+dirty" when tracked files differ from it."""
+  def git(*args):
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
+                          text=True, timeout=10)
+  try:
+    head = git("rev-parse", "HEAD")
+    if head.returncode:
+      return None
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+  except (OSError, subprocess.SubprocessError):
+    return None

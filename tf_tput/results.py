@@ -1,0 +1,125 @@
+"""Result records: the schema, atomic JSON-lines append, and tolerant reading.
+
+Records are only appended, never rewritten: one os.write of one line under an
+exclusive lock, so a crash cannot corrupt earlier lines, and a line left without its
+newline by an earlier crash is closed before the next record is written.
+"""
+
+import fcntl
+import json
+import os
+import pathlib
+from typing import Optional
+
+from tf_tput.errors import UsageError
+
+SCHEMA = "tf_tput.result/1"
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_OPT_STR = (str, type(None))
+# field -> accepted types. The order is the order records are written in.
+FIELDS = {
+    "schema": str, "run_id": str, "started_at": str, "status": str, "error": _OPT_STR,
+    "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
+    "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
+    "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
+    "dtype": str, "steps": int, "warmup_steps": int, "step_time_s": dict,
+    "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
+    "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
+    "model_flops_per_token": _NUM, "model_tflops_per_sec": _OPT_NUM,
+    "peak_flops_per_device": _OPT_NUM, "peak_source": str, "mfu": _OPT_NUM,
+    "peak_host_memory_bytes": (int, type(None)), "device_memory_bytes": (int, type(None)),
+    "losses": list, "final_loss": _OPT_NUM, "config": str, "flags": dict, "env": dict,
+    "git_commit": _OPT_STR,
+}
+STEP_TIME_KEYS = ("median", "mean", "p10", "p90", "min", "max")
+ENV_KEYS = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform", "cpu",
+            "accelerators")
+STATUSES = ("ok", "failed")
+
+
+def validate(record: dict) -> None:
+  """Raises ValueError listing every way `record` departs from the schema."""
+  problems = [f"missing {k}" for k in FIELDS if k not in record]
+  problems += [f"unknown field {k}" for k in record if k not in FIELDS]
+  for key, types in FIELDS.items():
+    if key in record and (not isinstance(record[key], types)
+                          or isinstance(record[key], bool)):
+      problems.append(f"{key} = {record[key]!r} has type {type(record[key]).__name__}")
+  if record.get("schema") != SCHEMA:
+    problems.append(f"schema is {record.get('schema')!r}, expected {SCHEMA!r}")
+  if record.get("status") not in STATUSES:
+    problems.append(f"status {record.get('status')!r} not in {STATUSES}")
+  if record.get("status") == "failed" and not record.get("error"):
+    problems.append("a failed record needs an error")
+  if isinstance(record.get("step_time_s"), dict):
+    if set(record["step_time_s"]) != set(STEP_TIME_KEYS):
+      problems.append(f"step_time_s keys {sorted(record['step_time_s'])}")
+  if isinstance(record.get("env"), dict):
+    problems += [f"env lacks {k}" for k in ENV_KEYS if k not in record["env"]]
+  if record.get("status") == "ok":
+    problems += [f"an ok record needs {k}" for k in ("tokens_per_sec", "final_loss")
+                 if record.get(k) is None]
+  if problems:
+    raise ValueError("; ".join(problems))
+
+
+def check_appendable(path: str) -> list:
+  """Fails fast (UsageError) if records cannot be appended to `path`.
+
+  Creates the parent directory. Returns [(line number, problem)] for lines already
+  in the file that are not records: they are left untouched, and reported.
+  """
+  p = pathlib.Path(path)
+  if p.is_dir():
+    raise UsageError(f"--results={path} is a directory; name a file such as "
+                     f"{p / 'runs.jsonl'}")
+  try:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a"):
+      pass
+  except OSError as e:
+    raise UsageError(f"--results={path} is not writable ({e.strerror}); choose a "
+                     "writable path, e.g. --results=results/runs.jsonl") from None
+  return read(path)[1]
+
+
+def append(path: str, record: dict) -> int:
+  """Appends one record as one line; returns its 1-based line number."""
+  validate(record)
+  line = (json.dumps(record, sort_keys=False) + "\n").encode("utf-8")
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    with open(path, "rb") as f:
+      existing = f.read()
+    if existing and not existing.endswith(b"\n"):
+      line = b"\n" + line  # close a line a crash left open; it stays malformed
+    os.write(fd, line)
+    os.fsync(fd)
+  finally:
+    os.close(fd)  # releases the lock
+  return existing.count(b"\n") + line.count(b"\n")
+
+
+def read(path: str, schema: Optional[str] = None) -> tuple:
+  """(records, problems): every well-formed JSON object line, and [(line, why)] else."""
+  records, problems = [], []
+  if not os.path.exists(path):
+    return records, problems
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      if not raw.strip():
+        continue
+      try:
+        record = json.loads(raw)
+      except ValueError as e:
+        problems.append((number, f"not JSON ({e.msg})"))
+        continue
+      if not isinstance(record, dict) or "schema" not in record:
+        problems.append((number, "not a tf_tput record (no schema field)"))
+        continue
+      if schema is None or record["schema"] == schema:
+        records.append(record)
+  return records, problems

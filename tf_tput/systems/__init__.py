@@ -1,0 +1,53 @@
+"""Systems under test, behind one interface; the measured loop never sees which.
+
+    class System(Protocol):
+      name: str
+      framework: str                      # which topology resolver it needs ("tf")
+      def build(self, experiment, topology) -> Trainer: ...
+
+    class Trainer(Protocol):
+      num_params: int                     # counted from the variables it built
+      def step(self, batch) -> float: ... # one optimizer step; the loss on the host
+      def device_memory_bytes(self) -> int | None: ...
+      def close(self) -> None: ...
+
+Modules are imported only when chosen, so choosing a system loads only its framework.
+"""
+
+import importlib
+from typing import Optional, Protocol
+
+from tf_tput.errors import UsageError
+
+# --system value -> module defining SYSTEM.
+REGISTRY = {
+    "mtf": "tf_tput.systems.mtf",
+}
+
+
+class Trainer(Protocol):
+  num_params: int
+
+  def step(self, batch: dict) -> float: ...
+
+  def device_memory_bytes(self) -> Optional[int]: ...
+
+  def close(self) -> None: ...
+
+
+class System(Protocol):
+  name: str
+  framework: str
+
+  def build(self, experiment, topology) -> Trainer: ...
+
+
+def check_name(name: str) -> None:
+  if name not in REGISTRY:
+    raise UsageError(f"--system={name} is not a system; choose one of "
+                     f"{', '.join(sorted(REGISTRY))}")
+
+
+def load(name: str) -> System:
+  check_name(name)
+  return importlib.import_module(REGISTRY[name]).SYSTEM

@@ -1,0 +1,153 @@
+"""--system=mtf: the TensorFlow baseline, Mesh TensorFlow's transformer in a TF1 graph.
+
+The model is built from mesh_tensorflow.transformer's own classes (Bitransformer for
+T5, a causal Unitransformer for decoder-only LMs) with the layer stack that
+mesh_tensorflow/transformer/gin/defaults.gin binds, passed explicitly here so that
+mtf's gin registry stays out of the user's gin files. Training is mtf's
+AdafactorOptimizer with its defaults (relative step size min(0.01, 1/sqrt(step)),
+parameter scaling, factored second moments), lowered by PlacementMeshImpl onto the
+topology's devices and run by one tf.compat.v1 Session: a single controller.
+"""
+
+import logging
+from typing import Optional
+
+from tf_tput import compat
+from tf_tput import data
+
+
+
+def _layer_stack(mtf_t, m, with_enc_dec_attention: bool):
+  """One stack of T5 blocks: what defaults.gin's make_layer_stack would build."""
+  T, TL = mtf_t.transformer, mtf_t.transformer_layers
+  layers = []
+  for block in range(m.num_layers):
+    block_layers = [TL.SelfAttention(
+        num_heads=m.num_heads, key_value_size=m.d_kv, dropout_rate=0.0,
+        relative_attention_type="bias_shared",
+        relative_attention_num_buckets=m.relative_attention_num_buckets)]
+    if with_enc_dec_attention:
+      block_layers.append(TL.EncDecAttention(
+          num_heads=m.num_heads, key_value_size=m.d_kv, dropout_rate=0.0))
+    block_layers.append(TL.DenseReluDense(hidden_size=m.d_ff, dropout_rate=0.0))
+    for index, layer in enumerate(block_layers):
+      layer.set_name(f"block_{block:03d}/layer_{index:03d}")
+      layers.append(layer)
+  return T.LayerStack(
+      layers,
+      sublayers_initial=[T.sublayer_dropout],
+      sublayers_per_layer=[T.sublayer_rms_norm, T.sublayer_call_layer,
+                           T.sublayer_dropout, T.sublayer_residual],
+      sublayers_final=[T.sublayer_rms_norm, T.sublayer_dropout])
+
+
+def _unitransformer(mtf_t, experiment, name, autoregressive, with_enc_dec_attention,
+                    max_length, output_vocab):
+  m = experiment.model
+  return mtf_t.transformer.Unitransformer(
+      layer_stack=_layer_stack(mtf_t, m, with_enc_dec_attention),
+      d_model=m.d_model, input_vocab_size=m.vocab_size, output_vocab_size=output_vocab,
+      autoregressive=autoregressive, max_length=max_length, name=name,
+      shared_embedding_and_softmax_weights=True, positional_embedding=False,
+      layout=experiment.mesh.layout, mesh_shape=experiment.mesh.mesh_shape)
+
+
+class MtfTrainer:
+  """A lowered mtf graph in a Session; step() feeds one numpy batch."""
+
+  def __init__(self, experiment, topology):
+    import tensorflow as tf
+    mtf, mtf_t = compat.import_mtf()
+    # mtf logs its graph and memory statistics at INFO through TensorFlow's logger.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    tf1 = tf.compat.v1
+    m, d = experiment.model, experiment.data
+    self._tf = tf
+    self._graph = tf.Graph()
+    with self._graph.as_default():
+      graph = mtf.Graph()
+      mesh = mtf.Mesh(graph, "mesh")
+      batch_dim = mtf.Dimension("batch", experiment.train.global_batch)
+      lengths = data.lengths_of(experiment)
+      self._placeholders = {}
+
+      def feature(key, base):
+        shape = [experiment.train.global_batch, lengths[base]]
+        self._placeholders[key] = tf1.placeholder(tf.int32, shape, name=key)
+        return mtf.import_tf_tensor(mesh, self._placeholders[key], mtf.Shape(
+            [batch_dim, mtf.Dimension("length", lengths[base])]))
+
+      packed = d.pack
+      variable_dtype = mtf.VariableDType(
+          master_dtype=tf.float32, slice_dtype=tf.float32,
+          activation_dtype=tf.as_dtype(m.activation_dtype))
+      targets = feature("targets", "targets")
+      targets_segmentation = feature("targets_segmentation", "targets") if packed else None
+      if m.arch == "encoder_decoder":
+        model = mtf_t.transformer.Bitransformer(
+            encoder=_unitransformer(mtf_t, experiment, "encoder", False, False,
+                                    d.inputs_length, None),
+            decoder=_unitransformer(mtf_t, experiment, "decoder", True, True,
+                                    d.targets_length, m.vocab_size))
+        inputs = feature("inputs", "inputs")
+        _, loss = model.call_simple(
+            inputs, targets, compute_loss=True, mode="train",
+            variable_dtype=variable_dtype,
+            encoder_sequence_id=feature("inputs_segmentation", "inputs") if packed else None,
+            decoder_sequence_id=targets_segmentation)
+      else:
+        model = _unitransformer(mtf_t, experiment, "decoder", True, False,
+                                d.targets_length, m.vocab_size)
+        # As Bitransformer does: without packing, padding (id 0) is its own sequence.
+        sequence_id = (targets_segmentation if packed else mtf.minimum(targets, 1))
+        _, loss = model.call_simple(
+            mtf_t.transformer.autoregressive_inputs(targets, sequence_id=sequence_id),
+            targets, compute_loss=True, mode="train", variable_dtype=variable_dtype,
+            sequence_id=sequence_id)
+
+      self.num_params = sum(v.shape.size for v in graph.trainable_variables)
+      global_step = tf1.train.get_or_create_global_step()
+      grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+      updates = mtf.optimize.AdafactorOptimizer().apply_grads(
+          grads, graph.trainable_variables)
+      mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+          mtf.convert_to_shape(experiment.mesh.mesh_shape),
+          mtf.convert_to_layout_rules(experiment.mesh.layout), list(topology.devices))
+      lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+      self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
+      self._train_op = tf.group([lowering.lowered_operation(op) for op in updates]
+                                + [tf1.assign_add(global_step, 1)])
+      init = tf1.global_variables_initializer()
+      copy_masters_to_slices = lowering.copy_masters_to_slices()
+      self._graph.finalize()
+    self._session = tf1.Session(graph=self._graph)
+    self._session.run(init)
+    self._session.run(copy_masters_to_slices)
+    self._gpu_names = [dev.split("device:")[-1] for dev in topology.devices
+                       if "GPU" in dev]
+
+  def step(self, batch: dict) -> float:
+    feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
+    loss, _ = self._session.run([self._loss, self._train_op], feed_dict=feed)
+    return float(loss)
+
+  def device_memory_bytes(self) -> Optional[int]:
+    """Peak bytes allocated on the GPUs; None on CPUs, where TF does not report it."""
+    if not self._gpu_names:
+      return None
+    return sum(self._tf.config.experimental.get_memory_info(name)["peak"]
+               for name in self._gpu_names)
+
+  def close(self) -> None:
+    self._session.close()
+
+
+class MtfSystem:
+  name = "mtf"
+  framework = "tf"
+
+  def build(self, experiment, topology) -> MtfTrainer:
+    return MtfTrainer(experiment, topology)
+
+
+SYSTEM = MtfSystem()

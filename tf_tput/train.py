@@ -1,0 +1,188 @@
+"""One training-throughput run -> one result record.
+
+    python -m tf_tput.train --gin_file=gin/models/t5_small.gin \
+        --gin_file=gin/mesh/data2_model2.gin --system=mtf --num_cpu_devices=4 \
+        --steps=20 --results=results/runs.jsonl
+
+Everything that can be wrong with the request is checked before any framework
+starts; a run that fails after that still appends a record with status "failed".
+"""
+
+import datetime
+import os
+import sys
+import uuid
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tf_tput import benchmark, config, data, metrics, models, provenance, results
+from tf_tput import systems, topology as topology_lib
+from tf_tput.errors import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable; later files win), "
+                          "e.g. gin/models/t5_small.gin and gin/mesh/data2_model2.gin.")
+flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable), applied after "
+                          "the files, e.g. \"ModelConfig.activation_dtype='bfloat16'\".")
+flags.DEFINE_string("system", "mtf", f"System under test: {', '.join(systems.REGISTRY)}.")
+flags.DEFINE_string("results", "results/runs.jsonl", "JSON-lines file the record is "
+                    "appended to (created with its directory).")
+flags.DEFINE_integer("num_cpu_devices", None, "Split the host CPU into this many virtual "
+                     "devices (they share its cores). Unset: GPUs if present, else 1 CPU.")
+flags.DEFINE_integer("steps", None, "Measured steps (overrides TrainConfig.steps).")
+flags.DEFINE_integer("warmup_steps", None, "Unmeasured first steps, >= 1 "
+                     "(overrides TrainConfig.warmup_steps).")
+flags.DEFINE_integer("global_batch", None, "Examples per step over all devices "
+                     "(overrides TrainConfig.global_batch).")
+flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
+flags.DEFINE_integer("log_every", 10, "Log progress every this many measured steps.")
+
+# Flags that override gin bindings; applied as bindings so the recorded config is exact.
+FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
+                 "global_batch": "TrainConfig.global_batch"}
+OWN_FLAGS = ("gin_file", "gin_param", "system", "results", "num_cpu_devices", "steps",
+             "warmup_steps", "global_batch", "tensorboard_dir", "log_every")
+
+
+def _experiment() -> config.Experiment:
+  bindings = list(FLAGS.gin_param)
+  bindings += [f"{binding} = {FLAGS[name].value}" for name, binding in FLAG_BINDINGS.items()
+               if FLAGS[name].value is not None]
+  if not FLAGS.gin_file:
+    raise UsageError("no --gin_file given; pass a model, e.g. "
+                     "--gin_file=gin/models/t5_tiny.gin")
+  return config.load_experiment(FLAGS.gin_file, bindings)
+
+
+def _peak(topology, dtype: str) -> tuple:
+  """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else."""
+  if topology.platform != "cpu":
+    return metrics.table_peak(topology.device_kind, dtype)
+  n = metrics.MATMUL_PEAK_SIZE
+  whole_cpu = metrics.measure_matmul_peak(topology_lib.matmul_runner(topology, n, dtype))
+  source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on the host CPU "
+            f"({os.cpu_count()} cores) = {whole_cpu / 1e9:.0f} GFLOP/s, shared by "
+            f"{topology.num_devices} virtual device(s)")
+  return whole_cpu / topology.num_devices, source
+
+
+def _record(experiment, topology, measurement, summary, peak_source, num_params,
+            device_memory, started_at, run_id) -> dict:
+  m, d, t = experiment.model, experiment.data, experiment.train
+  losses = measurement.losses
+  return {
+      "schema": results.SCHEMA, "run_id": run_id, "started_at": started_at,
+      "status": "failed" if measurement.error else "ok", "error": measurement.error,
+      "system": FLAGS.system, "strategy": "local", "model": m.name, "arch": m.arch,
+      "num_params": num_params, "mesh_shape": experiment.mesh.mesh_shape,
+      "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
+      "num_processes": topology.num_processes, "global_batch": t.global_batch,
+      "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
+      "targets_length": d.targets_length, "dtype": m.activation_dtype,
+      "steps": t.steps, "warmup_steps": t.warmup_steps, **summary,
+      "peak_source": peak_source, "device_memory_bytes": device_memory,
+      "losses": losses, "final_loss": losses[-1] if losses else None,
+      "config": experiment.operative_config,
+      "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
+      "env": provenance.env(topology.describe()), "git_commit": provenance.git_commit(),
+  }
+
+
+def _summary_lines(record: dict, path: str, line: int) -> list:
+  st, mfu = record["step_time_s"], record["mfu"]
+  tokens = (f"tokens/s {record['tokens_per_sec']:,.1f} (padded "
+            f"{record['padded_tokens_per_sec']:,.1f})" if record["tokens_per_sec"]
+            else "tokens/s n/a")
+  spread = (f"step time median {st['median']:.4f}s [p10 {st['p10']:.4f}, p90 "
+            f"{st['p90']:.4f}]" if st["median"] is not None else "step time n/a")
+  return [
+      f"{record['model']} ({record['num_params']:,} params) on {record['system']}: mesh "
+      f"{record['mesh_shape']}, {record['num_devices']} device(s), {record['dtype']}, "
+      f"batch {record['global_batch']}, {record['steps']} measured steps",
+      f"{tokens} | {spread} | MFU "
+      + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a") + f" ({record['peak_source']})",
+      f"status {record['status']}, final loss {record['final_loss']} | record appended "
+      f"to {path}:{line}",
+  ]
+
+
+def run() -> int:
+  systems.check_name(FLAGS.system)
+  experiment = _experiment()
+  if FLAGS.num_cpu_devices is not None:
+    if FLAGS.num_cpu_devices < 1:
+      raise UsageError(f"--num_cpu_devices={FLAGS.num_cpu_devices}; it must be >= 1")
+    config.validate(experiment, num_devices=FLAGS.num_cpu_devices)
+  malformed = results.check_appendable(FLAGS.results)
+  for number, problem in malformed:
+    logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
+                    problem)
+
+  system = systems.load(FLAGS.system)
+  topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices)
+  config.validate(experiment, num_devices=topology.num_devices)
+  started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  run_id = uuid.uuid4().hex[:12]
+  logging.info("run %s: %s on %s, %d %s device(s)", run_id, experiment.model.name,
+               system.name, topology.num_devices, topology.platform)
+
+  peak, peak_source = _peak(topology, experiment.model.activation_dtype)
+  writer = None
+  if FLAGS.tensorboard_dir:
+    from tf_tput.tensorboard import ScalarWriter
+    writer = ScalarWriter(FLAGS.tensorboard_dir)
+  trainer, device_memory = None, None
+  num_params = models.num_params(experiment.model)
+  try:
+    trainer = system.build(experiment, topology)
+    num_params = trainer.num_params
+    measurement = benchmark.run(
+        trainer, data.batches(experiment), experiment.train.steps,
+        experiment.train.warmup_steps, log_every=FLAGS.log_every,
+        on_step=writer.write if writer else None)
+    device_memory = trainer.device_memory_bytes()
+  except UsageError:
+    raise
+  except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
+    logging.exception("building %s failed", system.name)
+    measurement = benchmark.Measurement(
+        warmup_steps=experiment.train.warmup_steps,
+        error=f"build: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
+  finally:
+    if trainer is not None:
+      trainer.close()
+    if writer is not None:
+      writer.close()
+
+  summary = metrics.summarize(measurement, experiment, topology.num_devices, peak)
+  record = _record(experiment, topology, measurement, summary, peak_source, num_params,
+                   device_memory, started_at, run_id)
+  line = results.append(FLAGS.results, record)
+  print("\n".join(_summary_lines(record, FLAGS.results, line)), flush=True)
+  if measurement.error:
+    print(f"error: run failed: {measurement.error}", file=sys.stderr)
+    return 1
+  if malformed:
+    lines = ", ".join(str(number) for number, _ in malformed)
+    print(f"error: {FLAGS.results} line(s) {lines} are not records (left untouched; "
+          f"this run's record is line {line}); remove or fix them", file=sys.stderr)
+    return 1
+  return 0
+
+
+def main(argv) -> int:
+  if len(argv) > 1:
+    print(f"error: unexpected arguments {argv[1:]}; flags take the form --name=value",
+          file=sys.stderr)
+    return 2
+  try:
+    return run()
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  app.run(main)
