@@ -12,11 +12,13 @@ stamp=".venv/.tf_tput_installed"
 want="$(cat setup.py | sha256sum | cut -d' ' -f1) extras=${TF_TPUT_EXTRAS}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing tf_tput[${TF_TPUT_EXTRAS}] into .venv (setup.py changed or first run)" >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" >&2 || true
-  .venv/bin/python -m pip install --quiet -e ".[${TF_TPUT_EXTRAS}]" 2>&1 \
-    | grep -v "^WARNING: Location" >&2 || true
-  .venv/bin/python -c "import tf_tput, tensorflow, mesh_tensorflow, gin" 2>/dev/null \
-    || { echo "error: installing into .venv failed; see pip's output above" >&2; exit 1; }
+  log=".venv/pip-install.log"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e ".[${TF_TPUT_EXTRAS}]"; } > "$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" | tail -20 >&2
+    echo "error: installing into .venv failed (full log: $ROOT/$log)" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -1,0 +1,40 @@
+"""tf_tput.plan: the arithmetic of any config, without building it."""
+
+import json
+import pathlib
+
+import pytest
+
+from tf_tput import config, models
+
+from cli_helpers import REPO, run_cli
+
+MODEL_FILES = sorted(p.name for p in (REPO / "gin/models").glob("*.gin")
+                     if not p.name.endswith("_common.gin"))
+
+
+def test_every_model_file_is_planned():
+  assert {"t5_small.gin", "decoder_136b.gin", "t5_tiny.gin"} <= set(MODEL_FILES)
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_plan_json_matches_the_model_arithmetic(name):
+  proc = run_cli("tf_tput.plan", f"--gin_file=gin/models/{name}",
+                 "--gin_file=gin/mesh/data2_model2.gin", "--format=json")
+  assert proc.returncode == 0, proc.stderr
+  plan = json.loads(proc.stdout)
+  experiment = config.load_experiment([f"gin/models/{name}", "gin/mesh/data2_model2.gin"])
+  assert plan["num_params"] == models.num_params(experiment.model)
+  assert plan["model_flops_per_token"] == pytest.approx(models.model_flops_per_token(
+      experiment.model, 128, 128))
+  sharded = plan["bytes_per_device"]
+  assert sharded["total"] == sharded["params"] + sharded["optimizer"]
+  # A 2-way model axis halves the big matrices: state per device < unsharded state.
+  assert sharded["params"] < 4 * plan["num_params"]
+
+
+def test_plan_text_and_bad_file():
+  proc = run_cli("tf_tput.plan", "--gin_file=gin/models/decoder_136b.gin")
+  assert proc.returncode == 0 and "136,292,097,024" in proc.stdout
+  proc = run_cli("tf_tput.plan", "--gin_file=nope.gin")
+  assert proc.returncode == 2 and proc.stderr.startswith("error: gin file 'nope.gin'")

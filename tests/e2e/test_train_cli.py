@@ -1,0 +1,78 @@
+"""tf_tput.train end to end: tiny models on a 2x2 mesh of 4 virtual CPU devices."""
+
+import json
+import statistics
+
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from tf_tput import config, models, results
+
+from cli_helpers import REPO, run_cli
+
+MESH_2X2 = "gin/mesh/data2_model2.gin"
+
+
+def _train(tmp_path, model: str, *extra: str, cwd=REPO):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.train", f"--gin_file=gin/models/{model}.gin",
+                 f"--gin_file={MESH_2X2}", "--system=mtf", "--num_cpu_devices=4",
+                 "--steps=10", "--warmup_steps=2", f"--results={out}", *extra, cwd=cwd)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = out.read_text().splitlines()
+  assert len(lines) == 1
+  record = json.loads(lines[0])
+  results.validate(record)
+  return record, proc
+
+
+def _check_trained(record, model: str, tokens_per_step: int):
+  expected = config.load_experiment([f"gin/models/{model}.gin", MESH_2X2])
+  assert record["status"] == "ok" and record["error"] is None
+  assert record["system"] == "mtf" and record["model"] == model
+  assert record["mesh_shape"] == "batch:2;model:2" and record["num_devices"] == 4
+  assert record["num_params"] == models.num_params(expected.model)
+  assert len(record["losses"]) == 12 and record["final_loss"] == record["losses"][-1]
+  # The loss falls: synthetic tokens follow a skewed unigram distribution to learn.
+  assert statistics.mean(record["losses"][-3:]) < statistics.mean(record["losses"][:3]) - 0.3
+  assert record["tokens_per_step"] == record["padded_tokens_per_step"] == tokens_per_step
+  assert record["tokens_per_sec"] > 0
+  assert 0 < record["mfu"] < 1
+  assert record["peak_source"].startswith("measured: tf 2048x2048 float32")
+  assert record["model_flops_per_token"] == models.model_flops_per_token(
+      expected.model, 128, 128)
+  st = record["step_time_s"]
+  assert st["min"] <= st["p10"] <= st["median"] <= st["p90"] <= st["max"]
+  # Tokens/s is the measured tokens over the measured wall time, not 1 / median step.
+  assert abs(record["tokens_per_sec"] - tokens_per_step / st["mean"]) < 1e-6 * record["tokens_per_sec"]
+  assert "ModelConfig.d_model" in record["config"]
+  assert record["env"]["tensorflow"] and record["env"]["mesh_tensorflow"] == "0.1.21"
+
+
+def test_t5_tiny_trains_on_2x2_mesh_with_tensorboard(tmp_path):
+  tb_dir = tmp_path / "tb"
+  record, proc = _train(tmp_path, "t5_tiny", f"--tensorboard_dir={tb_dir}")
+  _check_trained(record, "t5_tiny", tokens_per_step=8 * (128 + 128))
+  assert "tokens/s" in proc.stdout and "record appended" in proc.stdout
+  tags = {(event.step, value.tag)
+          for path in tb_dir.iterdir() for event in EventFileLoader(str(path)).Load()
+          for value in event.summary.value}
+  assert (0, "loss") in tags and (11, "tokens_per_sec") in tags
+
+
+def test_decoder_tiny_trains_on_2x2_mesh_from_another_directory(tmp_path):
+  record, _ = _train(tmp_path, "decoder_tiny", cwd=tmp_path)
+  _check_trained(record, "decoder_tiny", tokens_per_step=8 * 128)
+  assert record["arch"] == "decoder" and record["inputs_length"] is None
+
+
+def test_bfloat16_activations_on_one_device(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.train", "--gin_file=gin/models/t5_tiny.gin",
+                 "--gin_param=ModelConfig.activation_dtype = 'bfloat16'",
+                 "--steps=3", "--warmup_steps=1", f"--results={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())
+  results.validate(record)
+  assert record["dtype"] == "bfloat16" and record["num_devices"] == 1
+  assert "bfloat16 matmul" in record["peak_source"]
+  assert all(loss == loss for loss in record["losses"])  # finite, not NaN
