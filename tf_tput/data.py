@@ -72,19 +72,25 @@ def _synthetic(experiment: Experiment) -> Iterator[dict]:
            for k, shape in shapes.items()}
 
 
-def _text_examples(data: DataConfig, features: tuple) -> Iterator[dict]:
-  """Byte-encoded examples from a tfds text dataset, repeated forever."""
+def _load_tfds(data: DataConfig):
+  """The tfds dataset, loaded now so that a wrong name or data_dir fails before training."""
   import tensorflow_datasets as tfds  # imports TensorFlow; only on this path
 
-  vocab = ByteVocabulary()
   try:
-    dataset = tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
-                        shuffle_files=False)
+    return tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
+                     shuffle_files=False)
   except Exception as e:  # tfds raises many types; all mean "cannot read this dataset"
     raise UsageError(f"tfds dataset {data.tfds_name!r} split {data.tfds_split!r} "
                      f"(data_dir={data.data_dir!r}) cannot be loaded: "
                      f"{' '.join(str(e).split())[:300]}; prepare it with tfds "
                      "or set DataConfig.data_dir") from None
+
+
+def _text_examples(dataset, data: DataConfig, features: tuple) -> Iterator[dict]:
+  """Byte-encoded examples from a tfds text dataset, repeated forever."""
+  import tensorflow_datasets as tfds
+
+  vocab = ByteVocabulary()
   while True:
     seen = 0
     for example in tfds.as_numpy(dataset):
@@ -110,8 +116,8 @@ def _tfds(experiment: Experiment) -> Iterator[dict]:
                      f"than the byte vocabulary ({ByteVocabulary.size}); use a larger model")
   features, lengths = features_of(experiment), lengths_of(experiment)
   rows = _pack if experiment.data.pack else _pad
-  return _stack_rows(rows(_text_examples(experiment.data, features), features, lengths),
-                     experiment.train.global_batch)
+  examples = _text_examples(_load_tfds(experiment.data), experiment.data, features)
+  return _stack_rows(rows(examples, features, lengths), experiment.train.global_batch)
 
 
 def _pad(examples, features, lengths) -> Iterator[dict]:

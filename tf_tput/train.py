@@ -128,6 +128,7 @@ def run() -> int:
   logging.info("run %s: %s on %s, %d %s device(s)", run_id, experiment.model.name,
                system.name, topology.num_devices, topology.platform)
 
+  batches = data.batches(experiment)
   peak, peak_source = _peak(topology, experiment.model.activation_dtype)
   writer = None
   if FLAGS.tensorboard_dir:
@@ -139,7 +140,7 @@ def run() -> int:
     trainer = system.build(experiment, topology)
     num_params = trainer.num_params
     measurement = benchmark.run(
-        trainer, data.batches(experiment), experiment.train.steps,
+        trainer, batches, experiment.train.steps,
         experiment.train.warmup_steps, log_every=FLAGS.log_every,
         on_step=writer.write if writer else None)
     device_memory = trainer.device_memory_bytes()
