@@ -115,8 +115,10 @@ class MtfTrainer:
           mtf.convert_to_layout_rules(experiment.mesh.layout), list(topology.devices))
       lowering = mtf.Lowering(graph, {mesh: mesh_impl})
       self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
-      self._train_op = tf.group([lowering.lowered_operation(op) for op in updates]
-                                + [tf1.assign_add(global_step, 1)])
+      # Adafactor's step size and decay read the global step; incrementing it only
+      # after every update keeps step k on k (mtf's own runner leaves them unordered).
+      with tf.control_dependencies([lowering.lowered_operation(op) for op in updates]):
+        self._train_op = tf1.assign_add(global_step, 1)
       init = tf1.global_variables_initializer()
       copy_masters_to_slices = lowering.copy_masters_to_slices()
       self._graph.finalize()
