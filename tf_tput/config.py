@@ -140,17 +140,27 @@ def _one_line(error: Exception) -> str:
   return " ".join(str(error).split())
 
 
+def _parse(what: str, parse) -> None:
+  try:
+    parse()
+  except (ValueError, SyntaxError, IOError, AttributeError) as e:
+    raise UsageError(f"gin: {what}: {_one_line(e)}; check it against the configurables "
+                     "in tf_tput/config.py") from None
+
+
 def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> Experiment:
-  """Parses gin files and bindings (later ones win) into a validated Experiment."""
+  """Parses gin files, then bindings (later ones win), into a validated Experiment.
+
+  The config stays unlocked: mesh_tensorflow registers configurables on import.
+  """
   paths = [str(resolve_gin_file(name)) for name in gin_files]
   gin.clear_config()
-  gin.add_config_file_search_path(str(REPO_ROOT))
-  try:
-    # Unlocked: mesh_tensorflow registers its own configurables when it is imported.
-    gin.parse_config_files_and_bindings(paths, list(gin_params), finalize_config=False)
-  except (ValueError, SyntaxError, IOError, AttributeError) as e:
-    raise UsageError(f"gin: {_one_line(e)}; check the binding against the "
-                     "configurables in tf_tput/config.py") from None
+  if str(REPO_ROOT) not in gin.config._LOCATION_PREFIXES:  # clear_config keeps paths
+    gin.add_config_file_search_path(str(REPO_ROOT))
+  for path in paths:
+    _parse(path, lambda: gin.parse_config_file(path))
+  for binding in gin_params:
+    _parse(f"binding {binding!r}", lambda: gin.parse_config(binding))
   try:
     experiment_parts = dict(model=ModelConfig(), mesh=MeshConfig(),
                             train=TrainConfig(), data=DataConfig())
@@ -187,9 +197,10 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
   if m.activation_dtype not in DTYPES:
     raise UsageError(f"ModelConfig.activation_dtype = {m.activation_dtype!r}; "
                      f"choose one of {DTYPES}")
-  for field in ("num_layers", "d_model", "d_ff", "num_heads", "d_kv", "vocab_size",
+  for field in ("num_layers", "d_model", "d_ff", "num_heads", "d_kv",
                 "relative_attention_num_buckets"):
     _check_positive(getattr(m, field), f"ModelConfig.{field}")
+  _check_positive(m.vocab_size, "ModelConfig.vocab_size", minimum=3)  # pad, EOS, a token
   _check_positive(t.global_batch, "TrainConfig.global_batch (--global_batch)")
   _check_positive(t.steps, "TrainConfig.steps (--steps)")
   _check_positive(t.warmup_steps, "TrainConfig.warmup_steps (--warmup_steps)")
@@ -213,6 +224,7 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
         f"{num_devices} are available; pass --num_cpu_devices={size} or a mesh file "
         f"with {num_devices} devices (gin/mesh/)")
   dim_sizes = tensor_dim_sizes(experiment)
+  _check_one_dim_per_axis(experiment, mesh_shape, layout)
   for tensor_dim, axis in layout.items():
     if tensor_dim not in dim_sizes:
       raise UsageError(f"layout {experiment.mesh.layout!r} names tensor dimension "
@@ -224,3 +236,19 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
           f"{tensor_dim} = {dim_sizes[tensor_dim]} is not divisible by mesh axis "
           f"{axis!r} of size {mesh_shape[axis]} (layout {tensor_dim}:{axis}); change "
           f"the size, the mesh_shape or drop {tensor_dim}:{axis} from the layout")
+
+
+def _check_one_dim_per_axis(experiment: Experiment, mesh_shape: dict, layout: dict) -> None:
+  """As mtf requires: no tensor may put two of its dimensions on one mesh axis."""
+  from tf_tput import models
+  for dims in models.tensor_dim_names(experiment.model):
+    on_axis = {}
+    for name in dims:
+      axis = layout.get(name)
+      if axis in mesh_shape:
+        if axis in on_axis:
+          raise UsageError(
+              f"layout {experiment.mesh.layout!r} puts {on_axis[axis]} and {name} on "
+              f"mesh axis {axis!r}, but a tensor has both {dims}; map one of them to "
+              "another axis or drop it from the layout")
+        on_axis[axis] = name

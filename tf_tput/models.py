@@ -76,6 +76,22 @@ def variables(m: ModelConfig) -> list:
   return [Variable("decoder/embedding", embedding_dims)] + _stack("decoder", m, False)
 
 
+# Dimension names of the main activations, as mtf names them (the JAX twin uses the
+# same names for its sharding constraints). "memory_length" is the attended length.
+ACTIVATION_DIMS = (
+    ("batch", "length", "d_model"),
+    ("batch", "length", "d_ff"),
+    ("batch", "length", "heads", "d_kv"),
+    ("batch", "heads", "length", "memory_length"),
+    ("batch", "length", "vocab"),
+)
+
+
+def tensor_dim_names(m: ModelConfig) -> set:
+  """Every combination of dimension names that occurs in one tensor of the model."""
+  return {tuple(name for name, _ in v.dims) for v in variables(m)} | set(ACTIVATION_DIMS)
+
+
 def num_params(m: ModelConfig) -> int:
   return sum(v.size for v in variables(m))
 

@@ -7,6 +7,7 @@ newline by an earlier crash is closed before the next record is written.
 
 import fcntl
 import json
+import math
 import os
 import pathlib
 from typing import Optional
@@ -88,7 +89,8 @@ def check_appendable(path: str) -> list:
 def append(path: str, record: dict) -> int:
   """Appends one record as one line; returns its 1-based line number."""
   validate(record)
-  line = (json.dumps(record, sort_keys=False) + "\n").encode("utf-8")
+  # Strict JSON: a diverged run's NaN / inf losses are written as null.
+  line = (json.dumps(_finite(record), allow_nan=False) + "\n").encode("utf-8")
   fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -101,6 +103,16 @@ def append(path: str, record: dict) -> int:
   finally:
     os.close(fd)  # releases the lock
   return existing.count(b"\n") + line.count(b"\n")
+
+
+def _finite(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_finite(v) for v in value]
+  return value
 
 
 def read(path: str, schema: Optional[str] = None) -> tuple:

@@ -1,0 +1,134 @@
+"""tf_tput/benchmark.py: the shared measured loop, with a fake trainer and a fake clock."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from tf_tput import benchmark
+
+
+class FakeTrainer:
+  """step() returns scripted losses; optionally raises at a given (0-based) step."""
+
+  def __init__(self, losses=None, fail_at=None):
+    self.losses = losses
+    self.fail_at = fail_at
+    self.batches = []
+
+  def step(self, batch):
+    step = len(self.batches)
+    self.batches.append(batch)
+    if step == self.fail_at:
+      raise RuntimeError("device\nexploded")
+    if self.losses is not None:
+      return self.losses[step]
+    return np.float32(10.0 / (step + 1))   # decreasing, a numpy scalar like real systems
+
+
+def scripted_clock(times):
+  it = iter(times)
+  return lambda: next(it)
+
+
+def make_batches():
+  """Endless batches: step i has targets with (i + 1) non-zero tokens out of 8."""
+  for i in itertools.count():
+    targets = np.zeros((2, 4), np.int32)
+    targets.flat[: i + 1] = 5
+    yield {"targets": targets}
+
+
+TIMES = [10.0, 12.0, 12.5, 13.5, 13.75, 15.75]   # completion of steps 0..5
+
+
+def test_run_records_losses_tokens_and_durations():
+  trainer = FakeTrainer()
+  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
+  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
+  assert m.error is None
+  assert m.warmup_steps == 2
+  assert m.steps_completed == 6
+  assert m.losses == pytest.approx([10.0 / (i + 1) for i in range(6)])
+  assert all(type(x) is float for x in m.losses)
+  assert m.completion_times == TIMES
+  # Tokens of measured steps only (steps 2..5 have 3..6 non-zero of 8 positions).
+  assert m.tokens == [3, 4, 5, 6]
+  assert m.padded_tokens == [8, 8, 8, 8]
+  # Each measured step runs from the previous completion to its own.
+  assert m.step_durations == [0.5, 1.0, 0.25, 2.0]
+  assert m.measured_seconds == 15.75 - 12.0
+  assert len(trainer.batches) == 6
+
+
+def test_run_trainer_raises_at_step_3():
+  trainer = FakeTrainer(fail_at=3)
+  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
+  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
+  assert m.error is not None
+  assert "step 3" in m.error
+  assert "RuntimeError" in m.error and "device exploded" in m.error
+  assert "\n" not in m.error
+  assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # steps 0..2 completed
+  assert m.tokens == [3]                                   # step 2 was measured
+  assert m.completion_times == TIMES[:3]
+  assert m.step_durations == [0.5]
+
+
+def test_run_batches_exhausted_is_an_error():
+  trainer = FakeTrainer()
+  batches = iter([{"targets": np.ones((1, 2), np.int32)}] * 2)
+  m = benchmark.run(trainer, batches, steps=3, warmup_steps=1,
+                    timer=benchmark.StepTimer(clock=scripted_clock(TIMES)))
+  assert m.error is not None and "step 2" in m.error
+  assert m.steps_completed == 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_run_non_finite_loss_is_an_error(bad):
+  trainer = FakeTrainer(losses=[3.0, 2.0, bad, 1.0, 0.5])
+  m = benchmark.run(trainer, make_batches(), steps=3, warmup_steps=2,
+                    timer=benchmark.StepTimer(clock=scripted_clock(TIMES)))
+  assert m.error is not None
+  assert "step 2" in m.error
+  assert m.steps_completed == 3            # the bad step is recorded, then the loop ends
+  assert not math.isfinite(m.losses[-1])
+  assert len(trainer.batches) == 3
+
+
+def test_run_on_step_receives_scalars():
+  seen = []
+  trainer = FakeTrainer()
+  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
+  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer,
+                    on_step=lambda step, scalars: seen.append((step, scalars)))
+  assert m.error is None
+  assert [step for step, _ in seen] == list(range(6))
+  # Warmup steps: the loss only.
+  assert seen[0][1] == {"loss": pytest.approx(10.0)}
+  assert seen[1][1] == {"loss": pytest.approx(5.0)}
+  # Measured steps: loss, step time, tokens/s of that step.
+  durations = [0.5, 1.0, 0.25, 2.0]
+  for (step, scalars), duration, tokens in zip(seen[2:], durations, [3, 4, 5, 6]):
+    assert set(scalars) == {"loss", "step_time_s", "tokens_per_sec"}
+    assert scalars["loss"] == pytest.approx(10.0 / (step + 1))
+    assert scalars["step_time_s"] == pytest.approx(duration)
+    assert scalars["tokens_per_sec"] == pytest.approx(tokens / duration)
+    assert all(isinstance(v, float) for v in scalars.values())
+
+
+def test_measurement_properties_directly():
+  m = benchmark.Measurement(completion_times=[1.0, 2.0, 4.0, 7.0], warmup_steps=1)
+  assert m.step_durations == [1.0, 2.0, 3.0]
+  assert m.measured_seconds == 6.0
+  m = benchmark.Measurement(completion_times=[1.0, 2.0], warmup_steps=2)
+  assert m.step_durations == []
+  assert m.measured_seconds == 0.0
+
+
+def test_step_timer_marks_clock():
+  timer = benchmark.StepTimer(clock=scripted_clock([3.0, 4.5]))
+  assert timer.mark() == 3.0
+  assert timer.mark() == 4.5
+  assert timer.times == [3.0, 4.5]

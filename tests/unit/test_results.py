@@ -1,0 +1,186 @@
+"""tf_tput/results.py: the record schema, atomic append, tolerant reading."""
+
+import json
+
+import pytest
+
+from tf_tput import results
+from tf_tput.errors import UsageError
+
+
+def valid_record(**overrides) -> dict:
+  record = {
+      "schema": results.SCHEMA, "run_id": "r1", "started_at": "2024-01-01T00:00:00Z",
+      "status": "ok", "error": None, "system": "mtf", "strategy": "spmd",
+      "model": "t5_tiny", "arch": "encoder_decoder", "num_params": 263168,
+      "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
+      "num_devices": 4, "num_processes": 1, "global_batch": 8, "inputs_length": 16,
+      "targets_length": 16, "dtype": "float32", "steps": 4, "warmup_steps": 2,
+      "step_time_s": {k: 0.5 for k in results.STEP_TIME_KEYS},
+      "tokens_per_step": 256, "padded_tokens_per_step": 256, "tokens_per_sec": 512.0,
+      "padded_tokens_per_sec": 512.0, "model_flops_per_token": 1.5e6,
+      "model_tflops_per_sec": 0.00077, "peak_flops_per_device": None,
+      "peak_source": "none: test", "mfu": None, "peak_host_memory_bytes": 1 << 30,
+      "device_memory_bytes": None, "losses": [6.0, 5.5, 5.0, 4.5, 4.0, 3.5],
+      "final_loss": 3.5, "config": "ModelConfig.name = 't5_tiny'",
+      "flags": {"steps": 4}, "env": {k: "x" for k in results.ENV_KEYS},
+      "git_commit": None,
+  }
+  assert set(record) == set(results.FIELDS)  # the helper covers the whole schema
+  record.update(overrides)
+  return record
+
+
+def test_validate_accepts_valid_record():
+  results.validate(valid_record())
+  results.validate(valid_record(status="failed", error="step 3: boom",
+                                tokens_per_sec=None, final_loss=None))
+
+
+def test_validate_missing_field():
+  record = valid_record()
+  del record["num_params"]
+  with pytest.raises(ValueError, match="num_params"):
+    results.validate(record)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_params", "263168"),
+    ("num_params", 263168.0),
+    ("num_devices", True),        # a bool is not an int here
+    ("losses", (1.0, 2.0)),
+    ("tokens_per_sec", "fast"),
+    ("error", 3),
+])
+def test_validate_wrong_type(field, value):
+  with pytest.raises(ValueError, match=field):
+    results.validate(valid_record(**{field: value}))
+
+
+def test_validate_failed_without_error():
+  with pytest.raises(ValueError, match="error"):
+    results.validate(valid_record(status="failed", error=None))
+
+
+def test_validate_unknown_field():
+  with pytest.raises(ValueError, match="tokens_per_second"):
+    results.validate(valid_record(tokens_per_second=1.0))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"schema": "tf_tput.result/0"}, "schema"),
+    ({"status": "done"}, "status"),
+    ({"step_time_s": {"median": 1.0}}, "step_time_s"),
+    ({"env": {"python": "3.11"}}, "env lacks"),
+    ({"final_loss": None}, "final_loss"),
+])
+def test_validate_other_problems(overrides, needle):
+  with pytest.raises(ValueError, match=needle):
+    results.validate(valid_record(**overrides))
+
+
+def test_append_one_line_per_record(tmp_path):
+  path = str(tmp_path / "runs.jsonl")
+  assert results.append(path, valid_record(run_id="a")) == 1
+  assert results.append(path, valid_record(run_id="b")) == 2
+  assert results.append(path, valid_record(run_id="c")) == 3
+  lines = (tmp_path / "runs.jsonl").read_bytes().split(b"\n")
+  assert lines[-1] == b""
+  assert [json.loads(line)["run_id"] for line in lines[:-1]] == ["a", "b", "c"]
+  # Field order follows the record (FIELDS order here).
+  assert list(json.loads(lines[0])) == list(results.FIELDS)
+
+
+def test_append_rejects_invalid_record_and_writes_nothing(tmp_path):
+  path = tmp_path / "runs.jsonl"
+  with pytest.raises(ValueError):
+    results.append(str(path), valid_record(status="bogus"))
+  assert not path.exists() or path.read_bytes() == b""
+
+
+def test_append_after_truncated_line(tmp_path):
+  path = tmp_path / "runs.jsonl"
+  results.append(str(path), valid_record(run_id="first"))
+  with open(path, "ab") as f:
+    f.write(b'{"trunc')           # a crash left a line without its newline
+  assert results.append(str(path), valid_record(run_id="second")) == 3
+  lines = path.read_bytes().split(b"\n")
+  assert lines[1] == b'{"trunc'  # kept intact, closed with a newline
+  assert json.loads(lines[2])["run_id"] == "second"
+  records, problems = results.read(str(path))
+  assert [r["run_id"] for r in records] == ["first", "second"]
+  assert [n for n, _ in problems] == [2]
+
+
+def test_append_to_file_with_only_a_truncated_line(tmp_path):
+  path = tmp_path / "runs.jsonl"
+  path.write_bytes(b'{"trunc')
+  assert results.append(str(path), valid_record()) == 2
+  assert path.read_bytes().startswith(b'{"trunc\n{')
+
+
+def test_read_records_and_problems(tmp_path):
+  path = tmp_path / "runs.jsonl"
+  good = json.dumps(valid_record(run_id="g"))
+  other = json.dumps({"schema": "tf_tput.micro/1", "run_id": "m"})
+  path.write_text("\n".join([good, "not json", "", "[1, 2]", '{"no_schema": 1}',
+                             other]) + "\n")
+  records, problems = results.read(str(path))
+  assert [r["run_id"] for r in records] == ["g", "m"]
+  assert [n for n, _ in problems] == [2, 4, 5]
+  assert "not JSON" in problems[0][1]
+  assert "schema" in problems[1][1]
+  # Filtering by schema keeps only matching records; problems are unchanged.
+  records, problems2 = results.read(str(path), schema=results.SCHEMA)
+  assert [r["run_id"] for r in records] == ["g"]
+  assert problems2 == problems
+
+
+def test_read_missing_file(tmp_path):
+  assert results.read(str(tmp_path / "nope.jsonl")) == ([], [])
+
+
+def test_check_appendable_directory(tmp_path):
+  with pytest.raises(UsageError, match="directory"):
+    results.check_appendable(str(tmp_path))
+
+
+def test_check_appendable_parent_is_a_file(tmp_path):
+  parent = tmp_path / "a_file"
+  parent.write_text("x")
+  target = parent / "runs.jsonl"
+  with pytest.raises(UsageError) as info:
+    results.check_appendable(str(target))
+  assert str(target) in str(info.value)
+  assert "\n" not in str(info.value)
+  assert parent.read_text() == "x"
+
+
+def test_check_appendable_creates_parents(tmp_path):
+  target = tmp_path / "x" / "y" / "runs.jsonl"
+  assert results.check_appendable(str(target)) == []
+  assert target.parent.is_dir()
+  assert target.exists() and target.read_bytes() == b""
+
+
+def test_check_appendable_reports_malformed_lines(tmp_path):
+  target = tmp_path / "runs.jsonl"
+  target.write_text(json.dumps(valid_record()) + "\n" + "garbage\n")
+  problems = results.check_appendable(str(target))
+  assert [n for n, _ in problems] == [2]
+  # Existing content is left untouched.
+  assert target.read_text().endswith("garbage\n")
+
+
+def test_append_writes_strict_json_for_a_diverged_run(tmp_path):
+  path = tmp_path / "runs.jsonl"
+  record = valid_record(status="failed", error="step 1: loss is nan",
+                        losses=[3.0, float("nan")], final_loss=float("nan"),
+                        tokens_per_sec=float("inf"))
+  results.append(str(path), record)
+
+  def reject(constant):
+    raise ValueError(f"non-standard JSON constant {constant}")
+  written = json.loads(path.read_text(), parse_constant=reject)
+  assert written["losses"] == [3.0, None] and written["final_loss"] is None
+  assert written["tokens_per_sec"] is None
