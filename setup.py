@@ -1,6 +1,6 @@
 """tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
 
-Install for development with `pip install -e ".[test]"`; scripts/bench.sh and
+Install for development with `pip install -e ".[test,jax]"`; scripts/bench.sh and
 scripts/test.sh do it for you in .venv. The gin/ files are read from the source tree,
 so install in editable mode.
 """
@@ -26,7 +26,7 @@ setup(
         "tensorflow-datasets>=4.9,<4.10",
     ],
     extras_require={
-        "jax": ["jax>=0.4.30,<0.11", "optax>=0.2,<0.3", "flax>=0.8,<0.13"],
+        "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3"],
         # torch 2.13.0 is the CPU build on these machines' disk; a plain `torch`
         # pulls a multi-GB CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],

@@ -82,14 +82,16 @@ ACTIVATION_DIMS = (
     ("batch", "length", "d_model"),
     ("batch", "length", "d_ff"),
     ("batch", "length", "heads", "d_kv"),
+    ("batch", "memory_length", "heads", "d_kv"),
     ("batch", "heads", "length", "memory_length"),
     ("batch", "length", "vocab"),
 )
 
 
-def tensor_dim_names(m: ModelConfig) -> set:
-  """Every combination of dimension names that occurs in one tensor of the model."""
-  return {tuple(name for name, _ in v.dims) for v in variables(m)} | set(ACTIVATION_DIMS)
+def tensor_dim_names(m: ModelConfig) -> list:
+  """Every combination of dimension names that occurs in one tensor, in a fixed order."""
+  combos = [tuple(name for name, _ in v.dims) for v in variables(m)] + list(ACTIVATION_DIMS)
+  return list(dict.fromkeys(combos))
 
 
 def num_params(m: ModelConfig) -> int:

@@ -2,7 +2,9 @@
 
 Resolution happens once, before any model is built: `--num_cpu_devices=N` splits the
 host CPU into N virtual devices (they share its cores); otherwise GPUs are used when
-present, else the one CPU device.
+present, else the one CPU device. A JAX process started by `tf_tput.launch` joins the
+others through jax.distributed (loopback coordinator, gloo CPU collectives); its
+`num_cpu_devices` are then per process.
 """
 
 import dataclasses
@@ -15,7 +17,7 @@ from tf_tput.errors import UsageError
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  framework: str             # "tf"
+  framework: str             # "tf" | "jax"
   platform: str              # "cpu" | "gpu"
   devices: tuple             # framework device names, in mesh order
   device_kind: str           # e.g. "NVIDIA H100 80GB HBM3", or the CPU model
@@ -31,9 +33,23 @@ class Topology:
              "count": self.num_devices}]
 
 
+# Set by tf_tput.launch for each process it starts.
+COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
+NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
+PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
+
+
+def launched_processes() -> tuple:
+  """(number of processes, this process's index) as tf_tput.launch set them; (1, 0) alone."""
+  return (int(os.environ.get(NUM_PROCESSES_ENV, "1")),
+          int(os.environ.get(PROCESS_ID_ENV, "0")))
+
+
 def resolve(framework: str, num_cpu_devices: Optional[int]) -> Topology:
   if framework == "tf":
     return _resolve_tf(num_cpu_devices)
+  if framework == "jax":
+    return _resolve_jax(num_cpu_devices)
   raise UsageError(f"no topology resolver for framework {framework!r}")
 
 
@@ -56,10 +72,35 @@ def _resolve_tf(num_cpu_devices: Optional[int]) -> Topology:
   return Topology("tf", "cpu", ("/device:CPU:0",), cpu_kind)
 
 
+def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
+  import jax
+
+  num_processes, process_id = launched_processes()
+  if num_cpu_devices:
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", num_cpu_devices)
+  if num_processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    coordinator = os.environ[COORDINATOR_ENV]  # 127.0.0.1:port: loopback only
+    jax.distributed.initialize(coordinator_address=coordinator,
+                               coordinator_bind_address=coordinator,
+                               num_processes=num_processes, process_id=process_id)
+  devices = jax.devices()
+  platform = devices[0].platform
+  kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind
+  return Topology("jax", platform, tuple(str(d) for d in devices), kind,
+                  num_processes=jax.process_count())
+
+
 def matmul_runner(topology: Topology, n: int, dtype: str) -> Callable[[], None]:
   """A callable that runs one n x n x n matmul on the first device and waits for it."""
-  if topology.framework != "tf":
-    raise UsageError(f"no matmul probe for framework {topology.framework!r}")
+  if topology.framework == "jax":
+    import jax
+    import jax.numpy as jnp
+    device = jax.local_devices()[0]
+    a = jax.device_put(jnp.ones((n, n), dtype=dtype), device)
+    matmul = jax.jit(jnp.matmul)
+    return lambda: matmul(a, a).block_until_ready()
   import tensorflow as tf
 
   with tf.device(topology.devices[0]):

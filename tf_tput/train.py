@@ -75,7 +75,9 @@ def _record(experiment, topology, measurement, summary, peak_source, num_params,
   return {
       "schema": results.SCHEMA, "run_id": run_id, "started_at": started_at,
       "status": "failed" if measurement.error else "ok", "error": measurement.error,
-      "system": FLAGS.system, "strategy": "local", "model": m.name, "arch": m.arch,
+      "system": FLAGS.system,
+      "strategy": "local" if topology.num_processes == 1 else "multi_process",
+      "model": m.name, "arch": m.arch,
       "num_params": num_params, "mesh_shape": experiment.mesh.mesh_shape,
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
       "num_processes": topology.num_processes, "global_batch": t.global_batch,
@@ -111,11 +113,13 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
 def run() -> int:
   systems.check_name(FLAGS.system)
   experiment = _experiment()
+  num_processes, process_id = topology_lib.launched_processes()
+  writes_record = process_id == 0  # launched processes: process 0 speaks for all
   if FLAGS.num_cpu_devices is not None:
     if FLAGS.num_cpu_devices < 1:
       raise UsageError(f"--num_cpu_devices={FLAGS.num_cpu_devices}; it must be >= 1")
-    config.validate(experiment, num_devices=FLAGS.num_cpu_devices)
-  malformed = results.check_appendable(FLAGS.results)
+    config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes)
+  malformed = results.check_appendable(FLAGS.results) if writes_record else []
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
                     problem)
@@ -125,13 +129,16 @@ def run() -> int:
   config.validate(experiment, num_devices=topology.num_devices)
   started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   run_id = uuid.uuid4().hex[:12]
-  logging.info("run %s: %s on %s, %d %s device(s)", run_id, experiment.model.name,
-               system.name, topology.num_devices, topology.platform)
+  logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
+               experiment.model.name, system.name, topology.num_devices,
+               topology.platform, topology.num_processes)
 
   batches = data.batches(experiment)
-  peak, peak_source = _peak(topology, experiment.model.activation_dtype)
+  # Only the writer measures the peak: the processes share this host's cores.
+  peak, peak_source = (_peak(topology, experiment.model.activation_dtype) if writes_record
+                       else (None, "not measured on this process"))
   writer = None
-  if FLAGS.tensorboard_dir:
+  if FLAGS.tensorboard_dir and writes_record:
     from tf_tput.tensorboard import ScalarWriter
     writer = ScalarWriter(FLAGS.tensorboard_dir)
   trainer, device_memory = None, None
@@ -157,6 +164,8 @@ def run() -> int:
     if writer is not None:
       writer.close()
 
+  if not writes_record:
+    return 1 if measurement.error else 0
   summary = metrics.summarize(measurement, experiment, topology.num_devices, peak)
   record = _record(experiment, topology, measurement, summary, peak_source, num_params,
                    device_memory, started_at, run_id)

@@ -22,9 +22,6 @@ through PlacementMeshImpl) still exists in TensorFlow 2.21 and is used as is.
 import sys
 import types
 
-_applied = False
-
-
 def _unavailable_module(name: str) -> types.ModuleType:
   module = types.ModuleType(name)
 
@@ -40,10 +37,11 @@ def _unavailable_module(name: str) -> types.ModuleType:
 
 
 def apply() -> None:
-  """Installs the missing names. Idempotent; call before importing mesh_tensorflow."""
-  global _applied
-  if _applied:
-    return
+  """Installs the missing names; call before importing mesh_tensorflow.
+
+  Idempotent, and checks each name every time: TensorFlow's lazy module wrappers can
+  drop an attribute set on tf.compat.v1 when other modules load later.
+  """
   import tensorflow as tf
   from tensorflow.python.framework import ops
   from tensorflow.python.framework import tensor_conversion_registry
@@ -68,7 +66,6 @@ def apply() -> None:
       except ImportError:
         sys.modules[full_name] = _unavailable_module(full_name)
         setattr(tf_tpu, name, sys.modules[full_name])
-  _applied = True
 
 
 def import_mtf():

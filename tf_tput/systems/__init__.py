@@ -2,7 +2,7 @@
 
     class System(Protocol):
       name: str
-      framework: str                      # which topology resolver it needs ("tf")
+      framework: str                      # which topology resolver it needs ("tf", "jax")
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -22,6 +22,7 @@ from tf_tput.errors import UsageError
 # --system value -> module defining SYSTEM.
 REGISTRY = {
     "mtf": "tf_tput.systems.mtf",
+    "jax": "tf_tput.systems.jax_adapter",
 }
 
 

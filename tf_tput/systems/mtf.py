@@ -65,6 +65,7 @@ class MtfTrainer:
     self._tf = tf
     self._graph = tf.Graph()
     with self._graph.as_default():
+      tf1.set_random_seed(experiment.train.seed)  # the same initial weights every run
       graph = mtf.Graph()
       mesh = mtf.Mesh(graph, "mesh")
       batch_dim = mtf.Dimension("batch", experiment.train.global_batch)
@@ -121,6 +122,11 @@ class MtfTrainer:
         self._train_op = tf1.assign_add(global_step, 1)
       init = tf1.global_variables_initializer()
       copy_masters_to_slices = lowering.copy_masters_to_slices()
+      self._copy_slices_to_masters = lowering.copy_slices_to_masters()
+      # Lowering "autostacks" same-shaped variables into one (mtf's default speed-up);
+      # keep each master with the names of the variables it holds.
+      self._masters = [(getattr(v, "original_names", None), v.name, v.get_master())
+                       for v in graph.trainable_variables]
       self._graph.finalize()
     self._session = tf1.Session(graph=self._graph)
     self._session.run(init)
@@ -132,6 +138,15 @@ class MtfTrainer:
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
     loss, _ = self._session.run([self._loss, self._train_op], feed_dict=feed)
     return float(loss)
+
+  def export_variables(self) -> dict:
+    """Current trainable values by mtf variable name (as tf_tput.models names them)."""
+    self._session.run(self._copy_slices_to_masters)
+    values = self._session.run([master for _, _, master in self._masters])
+    out = {}
+    for (stacked_names, name, _), value in zip(self._masters, values):
+      out.update(zip(stacked_names, value) if stacked_names else [(name, value)])
+    return out
 
   def device_memory_bytes(self) -> Optional[int]:
     """Peak bytes allocated on the GPUs; None on CPUs, where TF does not report it."""

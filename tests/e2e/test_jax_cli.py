@@ -1,0 +1,66 @@
+"""--system=jax end to end: one process, several launched processes, and parity with mtf."""
+
+import json
+import re
+import statistics
+import sys
+
+import pytest
+
+from tf_tput import config, models, results
+
+from cli_helpers import run_cli
+
+MESH_2X2 = "gin/mesh/data2_model2.gin"
+
+
+def _record(path):
+  lines = path.read_text().splitlines()
+  assert len(lines) == 1  # launched processes: only process 0 writes
+  record = json.loads(lines[0])
+  results.validate(record)
+  return record
+
+
+def test_t5_tiny_trains_on_2x2_mesh(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
+                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=4", "--steps=10",
+                 "--warmup_steps=2", f"--results={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = _record(out)
+  expected = config.load_experiment(["gin/models/t5_tiny.gin", MESH_2X2])
+  assert record["system"] == "jax" and record["status"] == "ok"
+  assert record["num_devices"] == 4 and record["num_processes"] == 1
+  assert record["num_params"] == models.num_params(expected.model)
+  assert record["tokens_per_step"] == 8 * (128 + 128)
+  assert statistics.mean(record["losses"][-3:]) < statistics.mean(record["losses"][:3]) - 0.3
+  assert record["peak_source"].startswith("measured: jax 2048x2048 float32")
+  assert record["env"]["jax"]
+
+
+def test_two_launched_processes_share_one_mesh(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
+                 "tf_tput.train", "--system=jax", "--gin_file=gin/models/decoder_tiny.gin",
+                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=2", "--steps=4",
+                 "--warmup_steps=1", f"--results={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = _record(out)
+  assert record["num_processes"] == 2 and record["num_devices"] == 4
+  assert record["strategy"] == "multi_process"
+  assert record["tokens_per_step"] == 8 * 128  # the whole global batch, not one part
+  assert all(loss == loss for loss in record["losses"])
+
+
+@pytest.mark.parametrize("model", ["t5_tiny", "decoder_tiny"])
+@pytest.mark.parametrize("mesh", [[], [f"--gin_file={MESH_2X2}", "--num_cpu_devices=4"]],
+                         ids=["1-device", "2x2"])
+def test_parity_with_mtf_float32(model, mesh):
+  proc = run_cli("tf_tput.parity", f"--gin_file=gin/models/{model}.gin", *mesh,
+                 "--steps=10")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"\s*\d+\s", line)]
+  assert len(rows) == 10
+  rel = [float(row[3]) for row in rows]
+  assert rel[0] < 1e-5 and max(rel) < 1e-3

@@ -1,0 +1,331 @@
+"""The JAX twin of the model tf_tput/systems/mtf.py builds with mesh_tensorflow.transformer.
+
+Pure functions over a flat dict of float32 arrays named and shaped exactly as
+tf_tput.models.variables (mtf's variable names), so that weights exported from the mtf
+trainer load as they are and the same weights and batch give the same loss:
+
+* T5 v1.0 Bitransformer (arch "encoder_decoder") and a causal Unitransformer LM
+  (arch "decoder"), with mtf's layer stack (defaults.gin): pre-norm RMS norm, ReLU FFN,
+  one relative attention bias per stack, embedding shared with the softmax;
+* mtf's AdafactorOptimizer defaults as an optax transformation.
+
+Each function names the mtf function it mirrors (mesh_tensorflow/transformer/*.py,
+layers.py, ops.py, optimize.py are the specification). Numerics follow mtf too: the
+order of multiplications where it matters, what is computed in which dtype with
+bfloat16 activations, and mtf's own softmax / logsumexp formulas.
+"""
+
+import math
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tf_tput import models
+from tf_tput.config import ModelConfig
+
+Constrain = Callable[[jax.Array, tuple], jax.Array]
+
+RMS_NORM_EPSILON = 1e-6       # transformer.sublayer_rms_norm
+Z_LOSS = 1e-4                 # Unitransformer(z_loss=1e-4), applied in training mode
+MASK_BIAS = -1e9              # attention.visibility_mask_to_attention_bias
+RELATIVE_MAX_DISTANCE = 128   # transformer_layers._relative_position_bucket default
+
+
+def _no_constraint(x, dim_names):
+  del dim_names
+  return x
+
+
+# --------------------------------------------------------------------------------------
+# Parameters.
+
+def _initializer(name: str, shape: tuple, m: ModelConfig):
+  """The initializer mtf gives this variable: (kind, scale)."""
+  leaf = name.rsplit("/", 1)[-1]
+  if leaf == "scale":      # sublayer_rms_norm: tf.ones_initializer
+    return "ones", 1.0
+  if leaf == "embedding":  # layers.embedding_weights: tf.random_normal_initializer()
+    return "normal", 1.0
+  # AttentionParams.init_weights. fold_scaling_into_initializer: the attention's
+  # 1/sqrt(d_kv) lives in q's initializer, not in the computation.
+  if leaf == "q":
+    return "normal", (m.d_model * m.d_kv) ** -0.5
+  if leaf in ("k", "v"):
+    return "normal", m.d_model ** -0.5
+  if leaf == "o":
+    return "normal", (m.num_heads * m.d_kv) ** -0.5
+  if leaf == "kernel":
+    # layers.dense: VarianceScalingInitializer(1.0, "fan_in", "normal"), which is
+    # tf.truncated_normal_initializer(fan_in**-0.5): cut at 2 stddev, no variance
+    # correction (the actual stddev is 0.88 of it).
+    return "truncated_normal", shape[0] ** -0.5
+  if leaf == "relative_attention_bias":
+    # mtf.get_variable with no initializer gets TF's default, glorot_uniform:
+    # limit sqrt(6 / (fan_in + fan_out)) with fan_in, fan_out = heads, buckets.
+    return "glorot_uniform", math.sqrt(6.0 / sum(shape))
+  raise ValueError(f"no initializer known for {name}")
+
+
+def init_params(m: ModelConfig, seed: int) -> dict:
+  """Fresh float32 parameters, {mtf variable name: array}, initialized as mtf does."""
+  variables = models.variables(m)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(variables))
+  params = {}
+  for key, v in zip(keys, variables):
+    shape = tuple(size for _, size in v.dims)
+    kind, scale = _initializer(v.name, shape, m)
+    if kind == "ones":
+      value = jnp.ones(shape, jnp.float32)
+    elif kind == "normal":
+      value = scale * jax.random.normal(key, shape, jnp.float32)
+    elif kind == "truncated_normal":
+      value = scale * jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+    else:
+      value = jax.random.uniform(key, shape, jnp.float32, -scale, scale)
+    params[v.name] = value
+  return params
+
+
+# --------------------------------------------------------------------------------------
+# Building blocks.
+
+def _logsumexp(x):
+  """mtf.reduce_logsumexp over the last axis (keeps it): log(sum(exp(x - max))) + max."""
+  max_x = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  return jnp.log(jnp.sum(jnp.exp(x - max_x), axis=-1, keepdims=True)) + max_x
+
+
+def _softmax(x):
+  """mtf.softmax: exp(x - logsumexp(x)), not exp(x - max) / sum."""
+  return jnp.exp(x - _logsumexp(x))
+
+
+def _rms_norm(x, scale):
+  """transformer.sublayer_rms_norm: x * rsqrt(mean(x^2) + eps) * scale.
+
+  mtf.reduce_mean is reduce_sum times the Python float 1/n, kept here.
+  """
+  variance = jnp.sum(jnp.square(x), axis=-1, keepdims=True) * (1.0 / x.shape[-1])
+  return x * jax.lax.rsqrt(variance + RMS_NORM_EPSILON) * scale
+
+
+def _relative_position_bucket(relative_position, bidirectional, num_buckets,
+                              max_distance=RELATIVE_MAX_DISTANCE):
+  """transformer_layers._relative_position_bucket, in numpy float32 at trace time.
+
+  Positions are indices (mtf drops "position" without positional embeddings), so the
+  buckets depend only on the lengths. The float32 arithmetic is mtf's lowering: a
+  division by a Python number is a multiplication by its reciprocal (ops.divide),
+  then truncation to int32. The log ratio is a whole number at |n| = 16, 32, 64, where
+  rounding could move a bucket; tests pin this table against mtf's own lowering.
+  """
+  n = -relative_position
+  ret = np.zeros_like(n)
+  if bidirectional:
+    num_buckets //= 2
+    ret += (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
+  max_exact = num_buckets // 2
+  with np.errstate(divide="ignore"):  # log(0) where n is small; that branch is unused
+    ratio = np.log(n.astype(np.float32) * np.float32(1.0 / max_exact))
+  scaled = (ratio * np.float32(1.0 / math.log(max_distance / max_exact))
+            * np.float32(num_buckets - max_exact))
+  val_if_large = max_exact + np.where(n < max_exact, 0, scaled).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  return (ret + np.where(n < max_exact, n, val_if_large)).astype(np.int32)
+
+
+def _mask_bias(visible, dtype):
+  """attention.visibility_mask_to_attention_bias: cast(not visible) * -1e9."""
+  return jnp.logical_not(visible).astype(dtype) * MASK_BIAS
+
+
+def _attention(p, prefix, x, memory, bias, m, constrain):
+  """transformer_layers.SelfAttention / enc_dec_attention with attention.attention.
+
+  combine_dims: the variables' "heads" dimension (num_heads * d_kv) is split into
+  [heads, d_kv] with heads major (mtf.replace_dimensions is a row-major reshape).
+  Logits and softmax are float32 whatever the activation dtype (float32_logits=True);
+  the weights are cast back to the values' dtype. No 1/sqrt(d_kv) at runtime.
+  """
+  batch, length, _ = x.shape
+  memory_length = memory.shape[1]
+  heads, d_kv = m.num_heads, m.d_kv
+  q = (x @ p[f"{prefix}/q"]).reshape(batch, length, heads, d_kv)
+  k = (memory @ p[f"{prefix}/k"]).reshape(batch, memory_length, heads, d_kv)
+  v = (memory @ p[f"{prefix}/v"]).reshape(batch, memory_length, heads, d_kv)
+  q = constrain(q, ("batch", "length", "heads", "d_kv"))
+  k = constrain(k, ("batch", "memory_length", "heads", "d_kv"))
+  v = constrain(v, ("batch", "memory_length", "heads", "d_kv"))
+  logits = jnp.einsum("blhk,bmhk->bhlm", q.astype(jnp.float32), k.astype(jnp.float32))
+  logits = logits + bias.astype(jnp.float32)
+  logits = constrain(logits, ("batch", "heads", "length", "memory_length"))
+  weights = _softmax(logits).astype(v.dtype)
+  o = jnp.einsum("bhlm,bmhk->blhk", weights, v).reshape(batch, length, heads * d_kv)
+  return o @ p[f"{prefix}/o"]
+
+
+def _dense_relu_dense(p, prefix, x, constrain):
+  """transformer_layers.DenseReluDense: relu(x @ wi) @ wo, no biases."""
+  h = jax.nn.relu(x @ p[f"{prefix}/wi/kernel"])
+  h = constrain(h, ("batch", "length", "d_ff"))
+  return h @ p[f"{prefix}/wo/kernel"]
+
+
+def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
+  """SelfAttention.compute_bias: [batch, heads, length, memory_length], in dtype.
+
+  mtf adds, in this order: the causal mask (read_priority >= write_priority, i.e.
+  memory position <= query position), the sequence-id mask (equal ids; padding id 0
+  sees padding), and the relative bias "bias_shared": one [heads, buckets] variable
+  per stack, created in block_000's SelfAttention and reused by every layer.
+  """
+  length = sequence_id.shape[1]
+  position = np.arange(length, dtype=np.int32)
+  relative_position = position[None, :] - position[:, None]   # memory - query
+  bias = 0
+  if causal:
+    bias = bias + _mask_bias(jnp.asarray(relative_position <= 0), dtype)[None, None]
+  same_sequence = sequence_id[:, :, None] == sequence_id[:, None, :]
+  bias = bias + _mask_bias(same_sequence, dtype)[:, None]
+  buckets = _relative_position_bucket(
+      relative_position, bidirectional=not causal,
+      num_buckets=m.relative_attention_num_buckets)
+  values = p[f"{stack}/block_000/layer_000/SelfAttention/relative_attention_bias"]
+  return bias + values[:, buckets][None]   # mtf.gather = exact one-hot einsum
+
+
+def _stack(p, stack, x, sequence_id, m, constrain, causal,
+           encoder_output=None, encoder_sequence_id=None):
+  """transformer.LayerStack.call with defaults.gin's sublayers (dropout rate 0).
+
+  Per layer: rms_norm, mask padding (sublayer_call_layer masks the layer's input),
+  the layer, residual. Then the final rms_norm and sublayer_mask_padding.
+  """
+  dtype = x.dtype
+  nonpadding = (sequence_id != 0).astype(dtype)[:, :, None]
+  self_bias = _self_attention_bias(p, stack, sequence_id, causal, m, dtype)
+  if encoder_output is not None:   # transformer_layers.enc_dec_attention_bias
+    enc_dec_bias = _mask_bias(
+        sequence_id[:, :, None] == encoder_sequence_id[:, None, :], dtype)[:, None]
+  kinds = ["SelfAttention"] + (["EncDecAttention"] if encoder_output is not None else [])
+  kinds.append("DenseReluDense")
+  for block in range(m.num_layers):
+    for index, kind in enumerate(kinds):
+      prefix = f"{stack}/block_{block:03d}/layer_{index:03d}"
+      h = _rms_norm(x, p[f"{prefix}/rms_norm/scale"]) * nonpadding
+      if kind == "SelfAttention":
+        h = _attention(p, f"{prefix}/{kind}", h, h, self_bias, m, constrain)
+      elif kind == "EncDecAttention":
+        h = _attention(p, f"{prefix}/{kind}", h, encoder_output, enc_dec_bias, m,
+                       constrain)
+      else:
+        h = _dense_relu_dense(p, f"{prefix}/{kind}", h, constrain)
+      x = x + h
+  return _rms_norm(x, p[f"{stack}/rms_norm/scale"]) * nonpadding
+
+
+def _shift_right(x):
+  return jnp.pad(x[:, :-1], ((0, 0), (1, 0)))
+
+
+def autoregressive_inputs(targets, sequence_id):
+  """transformer.autoregressive_inputs: targets shifted right, 0 where a sequence starts."""
+  inputs = jnp.abs(_shift_right(targets))
+  return inputs * (sequence_id == _shift_right(sequence_id)).astype(inputs.dtype)
+
+
+def _embed(embedding, ids, constrain):
+  """VocabEmbedding.ids_to_embedding (mtf.gather: an exact one-hot einsum)."""
+  return constrain(jnp.take(embedding, ids, axis=0), ("batch", "length", "d_model"))
+
+
+def _loss(embedding, x, targets, constrain):
+  """VocabEmbedding.hidden_to_logits + Unitransformer._compute_loss.
+
+  Logits over the padded vocabulary; layers.softmax_cross_entropy_with_logits against
+  a one-hot in the activation dtype, plus z_loss * log_z^2; weighted by targets > 0,
+  summed, times 1 / (batch * length) (Unitransformer.loss_denominator), all in the
+  activation dtype as mtf computes it.
+  """
+  dtype = x.dtype
+  x = x * (x.shape[-1] ** -0.5)
+  logits = constrain(jnp.einsum("bld,vd->blv", x, embedding), ("batch", "length", "vocab"))
+  log_z = _logsumexp(logits)
+  soft_targets = jax.nn.one_hot(targets, logits.shape[-1], dtype=dtype)
+  loss = -jnp.sum((logits - log_z) * soft_targets, axis=-1)
+  loss = loss + jnp.square(log_z[..., 0]) * Z_LOSS
+  weights = (targets > 0).astype(dtype)
+  return jnp.sum(loss * weights) * (1.0 / targets.size)
+
+
+def loss_fn(params: dict, batch: dict, m: ModelConfig,
+            constrain: Optional[Constrain] = None) -> jax.Array:
+  """The training loss mtf's call_simple(..., compute_loss=True, mode="train") returns.
+
+  batch: int32 "targets" [B, Lt] (and "inputs" [B, Li] for encoder_decoder), with
+  optional "{inputs,targets}_segmentation" for packed rows. "_position" is not read:
+  without positional embeddings mtf drops positions and uses indices, which give the
+  same relative positions within a packed segment. Variables are cast once to the
+  activation dtype, as mtf's Variable lowering does; the result is float32.
+  """
+  constrain = constrain or _no_constraint
+  dtype = jnp.dtype(m.activation_dtype)
+  p = {name: value.astype(dtype) for name, value in params.items()}
+  targets = jnp.asarray(batch["targets"], jnp.int32)
+  # Without packing, padding (id 0) is its own sequence: sequence_id = min(ids, 1).
+  targets_sequence_id = (jnp.asarray(batch["targets_segmentation"], jnp.int32)
+                         if "targets_segmentation" in batch else jnp.minimum(targets, 1))
+  decoder_inputs = autoregressive_inputs(targets, targets_sequence_id)
+  if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf.py)
+    embedding = p["decoder/embedding"]
+    x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain),
+               targets_sequence_id, m, constrain, causal=True)
+    return _loss(embedding, x, targets, constrain).astype(jnp.float32)
+  # transformer.Bitransformer.call_simple: encoder, then the decoder attending to it.
+  embedding = p["shared/embedding"]
+  inputs = jnp.asarray(batch["inputs"], jnp.int32)
+  inputs_sequence_id = (jnp.asarray(batch["inputs_segmentation"], jnp.int32)
+                        if "inputs_segmentation" in batch else jnp.minimum(inputs, 1))
+  encoder_output = _stack(p, "encoder", _embed(embedding, inputs, constrain),
+                          inputs_sequence_id, m, constrain, causal=False)
+  x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain),
+             targets_sequence_id, m, constrain, causal=True,
+             encoder_output=encoder_output, encoder_sequence_id=inputs_sequence_id)
+  return _loss(embedding, x, targets, constrain).astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------------------
+# Optimizer.
+
+def _learning_rate(count):
+  """AdafactorOptimizer._learning_rate_default: min(rsqrt(step + 1), 0.01).
+
+  optax counts updates from 0; mtf's trainer increments its global step after the
+  update, so update k reads step k in both.
+  """
+  return jnp.minimum(jax.lax.rsqrt(jnp.asarray(count, jnp.float32) + 1.0), 0.01)
+
+
+def adafactor() -> optax.GradientTransformation:
+  """mtf.optimize.AdafactorOptimizer() with its defaults, as optax.adafactor.
+
+  optax.adafactor is the same algorithm, checked against optimize.py line by line:
+  v = decay * v + (1 - decay) * (g^2 + 1e-30) with decay = 1 - (step + 1)^-0.8;
+  factored (row / column means, the row factor normalized by its mean) when the two
+  largest dimensions are both >= 128; update g * rsqrt(v) clipped to RMS 1; times
+  the learning rate and max(rms(param), 1e-3); beta1 = 0 (no momentum).
+  Differences are floating-point rounding only (mtf divides by multiplying with a
+  reciprocal and multiplies lr into the parameter scale first); with bfloat16
+  activations mtf also takes the parameter scale of the bfloat16-rounded value.
+  """
+  return optax.adafactor(
+      learning_rate=_learning_rate,
+      min_dim_size_to_factor=models.ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR,
+      decay_rate=0.8, decay_offset=0, multiply_by_parameter_scale=True,
+      clipping_threshold=1.0, momentum=None, eps=1e-30, factored=True)
