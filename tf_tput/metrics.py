@@ -60,7 +60,7 @@ def table_peak(device_kind: str, dtype: str) -> tuple:
 
 
 def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZE,
-                        repeats: int = 5) -> float:
+                        repeats: int = 10) -> float:
   """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done."""
   run_matmul()  # first call compiles / allocates
   best = float("inf")

@@ -141,16 +141,10 @@ def run() -> int:
   if FLAGS.tensorboard_dir and writes_record:
     from tf_tput.tensorboard import ScalarWriter
     writer = ScalarWriter(FLAGS.tensorboard_dir)
-  trainer, device_memory = None, None
+  device_memory = None
   num_params = models.num_params(experiment.model)
   try:
     trainer = system.build(experiment, topology)
-    num_params = trainer.num_params
-    measurement = benchmark.run(
-        trainer, batches, experiment.train.steps,
-        experiment.train.warmup_steps, log_every=FLAGS.log_every,
-        on_step=writer.write if writer else None)
-    device_memory = trainer.device_memory_bytes()
   except UsageError:
     raise
   except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
@@ -158,9 +152,16 @@ def run() -> int:
     measurement = benchmark.Measurement(
         warmup_steps=experiment.train.warmup_steps,
         error=f"build: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
-  finally:
-    if trainer is not None:
+  else:
+    try:
+      num_params = trainer.num_params
+      measurement = benchmark.run(
+          trainer, batches, experiment.train.steps, experiment.train.warmup_steps,
+          log_every=FLAGS.log_every, on_step=writer.write if writer else None)
+      device_memory = trainer.device_memory_bytes()
+    finally:
       trainer.close()
+  finally:
     if writer is not None:
       writer.close()
 
