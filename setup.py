@@ -1,6 +1,6 @@
 """tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
 
-Install for development with `pip install -e ".[test,jax]"`; scripts/bench.sh and
+Install for development with `pip install -e ".[test,jax,ray]"`; scripts/bench.sh and
 scripts/test.sh do it for you in .venv. The gin/ files are read from the source tree,
 so install in editable mode.
 """
@@ -27,8 +27,8 @@ setup(
     ],
     extras_require={
         "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3"],
-        # torch 2.13.0 is the CPU build on these machines' disk; a plain `torch`
-        # pulls a multi-GB CUDA build.
+        # The Ray micro-benchmark (actors + torch.distributed gloo). torch 2.13.0 is
+        # the CPU build on these machines' disk; a plain `torch` pulls a CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],
         "test": ["pytest>=7,<9", "psutil>=5.9,<8"],
     },

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Optional
 
 from absl import logging
 
-from tf_tput import data
+from tf_tput import data, errors
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
       batch = next(batches)
       loss = float(trainer.step(batch))
     except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
-      m.error = f"step {step}: {type(e).__name__}: {' '.join(str(e).split())[:500]}"
+      m.error = f"step {step}: {errors.one_line(e)}"
       logging.error("run failed at %s", m.error)
       return m
     timer.mark()

@@ -10,11 +10,13 @@ import dataclasses
 import importlib.util  # noqa: F401  gin 0.5 needs it loaded to report a missing include
 import pathlib
 import re
+import tokenize
 from typing import Optional, Sequence
 
 import gin
 
 from tf_tput import GIN_DIR, REPO_ROOT
+from tf_tput import errors
 from tf_tput.errors import UsageError
 
 ARCHS = ("encoder_decoder", "decoder")
@@ -117,7 +119,12 @@ def parse_mesh_shape(text: str) -> dict:
 
 def parse_layout(text: str) -> dict:
   """"batch:batch;d_ff:model" -> {"batch": "batch", "d_ff": "model"}."""
-  return dict(_pairs(text, "layout", "batch:batch;d_ff:model"))
+  layout = {}
+  for tensor_dim, axis in _pairs(text, "layout", "batch:batch;d_ff:model"):
+    if tensor_dim in layout:
+      raise UsageError(f"layout {text!r} maps {tensor_dim!r} twice; keep one rule")
+    layout[tensor_dim] = axis
+  return layout
 
 
 def mesh_size(mesh_shape: dict) -> int:
@@ -136,15 +143,11 @@ def resolve_gin_file(name: str) -> pathlib.Path:
                    f"{REPO_ROOT} and {GIN_DIR}); pass e.g. gin/models/t5_small.gin")
 
 
-def _one_line(error: Exception) -> str:
-  return " ".join(str(error).split())
-
-
 def _parse(what: str, parse) -> None:
   try:
     parse()
-  except (ValueError, SyntaxError, IOError, AttributeError) as e:
-    raise UsageError(f"gin: {what}: {_one_line(e)}; check it against the configurables "
+  except (ValueError, SyntaxError, IOError, AttributeError, tokenize.TokenError) as e:
+    raise UsageError(f"gin: {what}: {errors.one_line(e)}; check it against the configurables "
                      "in tf_tput/config.py") from None
 
 
@@ -153,6 +156,9 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
 
   The config stays unlocked: mesh_tensorflow registers configurables on import.
   """
+  if not gin_files:
+    raise UsageError("no --gin_file given; pass a model, e.g. "
+                     "--gin_file=gin/models/t5_small.gin")
   paths = [str(resolve_gin_file(name)) for name in gin_files]
   gin.clear_config()
   if str(REPO_ROOT) not in gin.config._LOCATION_PREFIXES:  # clear_config keeps paths
@@ -167,7 +173,7 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
   except TypeError as e:
     missing = re.search(r"arguments: (\[.*?\])", str(e))
     raise UsageError(
-        f"gin: no value bound for {missing.group(1) if missing else _one_line(e)}; "
+        f"gin: no value bound for {missing.group(1) if missing else errors.one_line(e)}; "
         "pass a model file, e.g. --gin_file=gin/models/t5_small.gin") from None
   experiment = Experiment(**experiment_parts, operative_config=gin.operative_config_str())
   validate(experiment)
@@ -189,8 +195,12 @@ def tensor_dim_sizes(experiment: Experiment) -> dict:
   }
 
 
-def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
-  """Raises UsageError naming the first bad value and its fix."""
+def validate(experiment: Experiment, num_devices: Optional[int] = None,
+             num_processes: int = 1) -> None:
+  """Raises UsageError naming the first bad value and its fix.
+
+  num_devices counts every process's devices (num_processes of them).
+  """
   m, t, d = experiment.model, experiment.train, experiment.data
   if m.arch not in ARCHS:
     raise UsageError(f"ModelConfig.arch = {m.arch!r}; choose one of {ARCHS}")
@@ -221,8 +231,9 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
   if num_devices is not None and size != num_devices:
     raise UsageError(
         f"mesh_shape {experiment.mesh.mesh_shape!r} has {size} devices but "
-        f"{num_devices} are available; pass --num_cpu_devices={size} or a mesh file "
-        f"with {num_devices} devices (gin/mesh/)")
+        f"{num_devices} are available; pass " + (
+            f"--num_cpu_devices={size // num_processes} or " if size % num_processes == 0
+            else "") + f"a mesh file with {num_devices} devices (gin/mesh/)")
   dim_sizes = tensor_dim_sizes(experiment)
   _check_one_dim_per_axis(experiment, mesh_shape, layout)
   for tensor_dim, axis in layout.items():

@@ -11,6 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from tf_tput.config import DataConfig, Experiment
+from tf_tput import errors
 from tf_tput.errors import UsageError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -77,13 +78,18 @@ def _load_tfds(data: DataConfig):
   import tensorflow_datasets as tfds  # imports TensorFlow; only on this path
 
   try:
-    return tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
-                     shuffle_files=False)
+    dataset = tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
+                        shuffle_files=False)
   except Exception as e:  # tfds raises many types; all mean "cannot read this dataset"
     raise UsageError(f"tfds dataset {data.tfds_name!r} split {data.tfds_split!r} "
                      f"(data_dir={data.data_dir!r}) cannot be loaded: "
-                     f"{' '.join(str(e).split())[:300]}; prepare it with tfds "
+                     f"{errors.one_line(e, 300)}; prepare it with tfds "
                      "or set DataConfig.data_dir") from None
+  features = sorted(dataset.element_spec)
+  if data.text_key not in features:
+    raise UsageError(f"tfds dataset {data.tfds_name!r} has no feature {data.text_key!r} "
+                     f"(features: {features}); set DataConfig.text_key")
+  return dataset
 
 
 def _text_examples(dataset, data: DataConfig, features: tuple) -> Iterator[dict]:
@@ -94,10 +100,6 @@ def _text_examples(dataset, data: DataConfig, features: tuple) -> Iterator[dict]
   while True:
     seen = 0
     for example in tfds.as_numpy(dataset):
-      if data.text_key not in example:
-        raise UsageError(f"tfds dataset {data.tfds_name!r} has no feature "
-                         f"{data.text_key!r} (features: {sorted(example)}); "
-                         "set DataConfig.text_key")
       ids = vocab.encode(example[data.text_key])
       seen += 1
       if features == ("targets",):

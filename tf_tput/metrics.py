@@ -102,8 +102,9 @@ def summarize(measurement, experiment, num_devices: int,
   steps = len(measurement.tokens)
   return {
       "step_time_s": step_time_stats(measurement.step_durations),
-      "tokens_per_step": tokens // steps if steps else None,
-      "padded_tokens_per_step": padded // steps if steps else None,
+      # Means over measured steps (tfds batches vary), rounded to whole tokens.
+      "tokens_per_step": round(tokens / steps) if steps else None,
+      "padded_tokens_per_step": round(padded / steps) if steps else None,
       "tokens_per_sec": tokens_per_sec,
       "padded_tokens_per_sec": padded_per_sec,
       "model_flops_per_token": flops_per_token,

@@ -8,13 +8,11 @@ tf_tput.models, the same arithmetic the result records use.
 """
 
 import json
-import sys
 
 from absl import app
 from absl import flags
 
-from tf_tput import config, models
-from tf_tput.errors import UsageError
+from tf_tput import config, errors, models
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ...")
@@ -58,20 +56,14 @@ def format_text(p: dict) -> str:
   ])
 
 
-def main(argv) -> int:
-  if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-    return 2
-  try:
-    if not FLAGS.gin_file:
-      raise UsageError("no --gin_file given; pass a model, e.g. "
-                       "--gin_file=gin/models/t5_small.gin")
-    p = plan(config.load_experiment(FLAGS.gin_file, FLAGS.gin_param))
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+def run() -> int:
+  p = plan(config.load_experiment(FLAGS.gin_file, FLAGS.gin_param))
   print(json.dumps(p) if FLAGS.format == "json" else format_text(p))
   return 0
+
+
+def main(argv) -> int:
+  return errors.run_entry_point(run, argv)
 
 
 if __name__ == "__main__":

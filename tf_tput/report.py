@@ -17,8 +17,8 @@ flags.DEFINE_list("results", ["results/runs.jsonl"], "Comma-separated result fil
 
 BASELINE_SYSTEM = "mtf"
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
-           f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "final loss",
-           "status")
+           f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
+           "final loss", "status")
 # Records that differ only in their system are the same configuration.
 CONFIG_KEYS = ("model", "dtype", "mesh_shape", "layout", "num_devices", "global_batch",
                "inputs_length", "targets_length")
@@ -35,7 +35,32 @@ def _ratio(r: dict, baselines: dict) -> str:
   return f"{r['tokens_per_sec'] / base:.2f}x"
 
 
-def _row(r: dict, baselines: dict) -> tuple:
+def _hardware(r: dict) -> tuple:
+  return (r["env"]["cpu"], str(r["env"]["accelerators"]), r["dtype"])
+
+
+def best_peaks(records: list) -> dict:
+  """Per hardware and dtype, the highest whole-machine peak any record measured.
+
+  Each system's MFU is against its own framework's matmul peak; MFU@best puts every
+  system on the same machine and dtype against one peak, the best either reached.
+  """
+  best = {}
+  for r in records:
+    if r["peak_flops_per_device"]:
+      whole = r["peak_flops_per_device"] * r["num_devices"]
+      best[_hardware(r)] = max(best.get(_hardware(r), 0), whole)
+  return best
+
+
+def _mfu_at_best(r: dict, peaks: dict) -> str:
+  peak = peaks.get(_hardware(r))
+  if not peak or not r["model_tflops_per_sec"]:
+    return "-"
+  return f"{100 * r['model_tflops_per_sec'] * 1e12 / peak:.1f}%"
+
+
+def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
   st = r["step_time_s"]
   spread = ("-" if st["median"] is None else
             f"{st['p10']:.3f} / {st['median']:.3f} / {st['p90']:.3f}")
@@ -43,7 +68,7 @@ def _row(r: dict, baselines: dict) -> tuple:
           str(r["num_processes"]),
           "-" if r["tokens_per_sec"] is None else f"{r['tokens_per_sec']:,.0f}",
           _ratio(r, baselines), spread,
-          "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+          "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
           "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
           r["status"] if r["status"] == "ok" else f"failed: {r['error'][:60]}")
 
@@ -53,7 +78,8 @@ def format_table(records: list) -> str:
   (its latest ok record)."""
   baselines = {_config(r): r["tokens_per_sec"] for r in records
                if r["system"] == BASELINE_SYSTEM and r["status"] == "ok"}
-  rows = [COLUMNS] + [_row(r, baselines) for r in records]
+  peaks = best_peaks(records)
+  rows = [COLUMNS] + [_row(r, baselines, peaks) for r in records]
   widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
   lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
            for row in rows]
@@ -77,7 +103,8 @@ def main(argv) -> int:
   peaks = sorted({r["peak_source"] for r in records})
   print("\nMFU peak: " + "; ".join(peaks))
   print("tokens/s counts non-padding tokens over measured steps (warmup excluded); "
-        "MFU = model FLOP/s (3 x forward matmuls) / peak.")
+        "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
+        "the best peak measured on the same hardware and dtype in these files.")
   return 0
 
 

@@ -39,28 +39,48 @@ ENV_KEYS = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform
             "accelerators")
 STATUSES = ("ok", "failed")
 
+# Dispatch micro-benchmark records (tf_tput.micro); computations counted per repeat.
+MICRO_SCHEMA = "tf_tput.micro/1"
+MICRO_FIELDS = {
+    "schema": str, "run_id": str, "started_at": str, "status": str, "error": _OPT_STR,
+    "system": str, "mode": str, "hosts": int, "devices_per_host": int,
+    "chain_length": int, "computations": int, "matmul_n": int,
+    "computation_ms": _OPT_NUM, "wall_s": _OPT_NUM, "computations_per_sec": _OPT_NUM,
+    "repeats": list, "env": dict, "git_commit": _OPT_STR,
+}
+# skipped: the system's extra is not installed; not_applicable: the system has no
+# such mode (JAX has no chained mode, as in the paper). `error` says which and why.
+MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
+
+# schema -> (fields, statuses, fields an ok record must have)
+_KINDS = {
+    SCHEMA: (FIELDS, STATUSES, ("tokens_per_sec", "final_loss")),
+    MICRO_SCHEMA: (MICRO_FIELDS, MICRO_STATUSES, ("computations_per_sec",)),
+}
+
 
 def validate(record: dict) -> None:
-  """Raises ValueError listing every way `record` departs from the schema."""
-  problems = [f"missing {k}" for k in FIELDS if k not in record]
-  problems += [f"unknown field {k}" for k in record if k not in FIELDS]
-  for key, types in FIELDS.items():
+  """Raises ValueError listing every way `record` departs from its schema."""
+  if record.get("schema") not in _KINDS:
+    raise ValueError(f"schema is {record.get('schema')!r}, expected one of {sorted(_KINDS)}")
+  fields, statuses, needed_when_ok = _KINDS[record["schema"]]
+  problems = [f"missing {k}" for k in fields if k not in record]
+  problems += [f"unknown field {k}" for k in record if k not in fields]
+  for key, types in fields.items():
     if key in record and (not isinstance(record[key], types)
                           or isinstance(record[key], bool)):
       problems.append(f"{key} = {record[key]!r} has type {type(record[key]).__name__}")
-  if record.get("schema") != SCHEMA:
-    problems.append(f"schema is {record.get('schema')!r}, expected {SCHEMA!r}")
-  if record.get("status") not in STATUSES:
-    problems.append(f"status {record.get('status')!r} not in {STATUSES}")
-  if record.get("status") == "failed" and not record.get("error"):
-    problems.append("a failed record needs an error")
+  if record.get("status") not in statuses:
+    problems.append(f"status {record.get('status')!r} not in {statuses}")
+  elif record["status"] != "ok" and not record.get("error"):
+    problems.append(f"a {record['status']} record needs an error saying why")
   if isinstance(record.get("step_time_s"), dict):
     if set(record["step_time_s"]) != set(STEP_TIME_KEYS):
       problems.append(f"step_time_s keys {sorted(record['step_time_s'])}")
   if isinstance(record.get("env"), dict):
     problems += [f"env lacks {k}" for k in ENV_KEYS if k not in record["env"]]
   if record.get("status") == "ok":
-    problems += [f"an ok record needs {k}" for k in ("tokens_per_sec", "final_loss")
+    problems += [f"an ok record needs {k}" for k in needed_when_ok
                  if record.get(k) is None]
   if problems:
     raise ValueError("; ".join(problems))
@@ -78,8 +98,11 @@ def check_appendable(path: str) -> list:
                      f"{p / 'runs.jsonl'}")
   try:
     p.parent.mkdir(parents=True, exist_ok=True)
+    existed = p.exists()
     with open(p, "a"):
       pass
+    if not existed:
+      p.unlink()  # created only to prove it can be; a run that fails early leaves none
   except OSError as e:
     raise UsageError(f"--results={path} is not writable ({e.strerror}); choose a "
                      "writable path, e.g. --results=results/runs.jsonl") from None
@@ -116,7 +139,8 @@ def _finite(value):
 
 
 def read(path: str, schema: Optional[str] = None) -> tuple:
-  """(records, problems): every well-formed JSON object line, and [(line, why)] else."""
+  """(records, problems): every valid record (of `schema`, if given), and
+  [(line number, why)] for every line that is not one."""
   records, problems = [], []
   if not os.path.exists(path):
     return records, problems
@@ -131,6 +155,11 @@ def read(path: str, schema: Optional[str] = None) -> tuple:
         continue
       if not isinstance(record, dict) or "schema" not in record:
         problems.append((number, "not a tf_tput record (no schema field)"))
+        continue
+      try:
+        validate(record)
+      except ValueError as e:
+        problems.append((number, f"not a valid {record['schema']} record ({e})"[:300]))
         continue
       if schema is None or record["schema"] == schema:
         records.append(record)

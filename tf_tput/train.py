@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import benchmark, config, data, metrics, models, provenance, results
+from tf_tput import benchmark, config, data, errors, metrics, models, provenance, results
 from tf_tput import systems, topology as topology_lib
 from tf_tput.errors import UsageError
 
@@ -50,9 +50,6 @@ def _experiment() -> config.Experiment:
   bindings = list(FLAGS.gin_param)
   bindings += [f"{binding} = {FLAGS[name].value}" for name, binding in FLAG_BINDINGS.items()
                if FLAGS[name].value is not None]
-  if not FLAGS.gin_file:
-    raise UsageError("no --gin_file given; pass a model, e.g. "
-                     "--gin_file=gin/models/t5_tiny.gin")
   return config.load_experiment(FLAGS.gin_file, bindings)
 
 
@@ -110,23 +107,41 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
   ]
 
 
+def _check_writable_dir(path: str, flag: str) -> None:
+  try:
+    os.makedirs(path, exist_ok=True)
+    if not os.access(path, os.W_OK):
+      raise PermissionError(13, "Permission denied")
+  except OSError as e:
+    raise UsageError(f"{flag}={path} is not a writable directory ({e.strerror}); "
+                     "choose another") from None
+
+
 def run() -> int:
   systems.check_name(FLAGS.system)
   experiment = _experiment()
   num_processes, process_id = topology_lib.launched_processes()
   writes_record = process_id == 0  # launched processes: process 0 speaks for all
+  for name in ("num_cpu_devices", "log_every"):
+    if FLAGS[name].value is not None and FLAGS[name].value < 1:
+      raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
   if FLAGS.num_cpu_devices is not None:
-    if FLAGS.num_cpu_devices < 1:
-      raise UsageError(f"--num_cpu_devices={FLAGS.num_cpu_devices}; it must be >= 1")
-    config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes)
+    config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
+                    num_processes=num_processes)
   malformed = results.check_appendable(FLAGS.results) if writes_record else []
+  if FLAGS.tensorboard_dir and writes_record:
+    _check_writable_dir(FLAGS.tensorboard_dir, "--tensorboard_dir")
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
                     problem)
 
   system = systems.load(FLAGS.system)
+  if num_processes > 1 and not system.multi_process:
+    raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
+                     "controller); start it without tf_tput.launch")
   topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices)
-  config.validate(experiment, num_devices=topology.num_devices)
+  config.validate(experiment, num_devices=topology.num_devices,
+                  num_processes=num_processes)
   started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   run_id = uuid.uuid4().hex[:12]
   logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
@@ -151,7 +166,7 @@ def run() -> int:
     logging.exception("building %s failed", system.name)
     measurement = benchmark.Measurement(
         warmup_steps=experiment.train.warmup_steps,
-        error=f"build: {type(e).__name__}: {' '.join(str(e).split())[:500]}")
+        error=f"build: {errors.one_line(e)}")
   else:
     try:
       num_params = trainer.num_params
@@ -184,15 +199,7 @@ def run() -> int:
 
 
 def main(argv) -> int:
-  if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]}; flags take the form --name=value",
-          file=sys.stderr)
-    return 2
-  try:
-    return run()
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  return errors.run_entry_point(run, argv)
 
 
 if __name__ == "__main__":

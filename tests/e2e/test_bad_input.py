@@ -39,9 +39,15 @@ def _fails(tmp_path, *args, expect: str):
     ((TINY, "--steps=0"), "TrainConfig.steps (--steps) = 0"),
     ((TINY, "--warmup_steps=0"), "TrainConfig.warmup_steps (--warmup_steps) = 0"),
     ((TINY, "--system=pathways"), "--system=pathways"),
+    ((TINY, "--log_every=0"), "--log_every=0"),
+    ((TINY, "--gin_param=ModelConfig.d_model = ("), "ModelConfig.d_model = ("),
+    ((TINY, "--gin_param=MeshConfig.layout = 'd_ff:model;d_ff:batch'"),
+     "maps 'd_ff' twice"),
+    (("--steps=3",), "no --gin_file given"),
 ], ids=["unknown-binding", "unknown-gin-file", "mesh-vs-devices", "batch-divisibility",
         "heads-divisibility", "d_ff-divisibility", "vocab-divisibility", "steps-zero",
-        "warmup-zero", "unknown-system"])
+        "warmup-zero", "unknown-system", "log-every-zero", "gin-syntax",
+        "layout-twice", "no-model"])
 def test_bad_request_fails_fast_with_one_line(tmp_path, args, expect):
   _fails(tmp_path, *args, expect=expect)
 
@@ -56,16 +62,23 @@ def test_unwritable_results_path(tmp_path):
     assert f"--results={path}" in proc.stderr
 
 
+def test_unwritable_tensorboard_dir(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  _fails(tmp_path, TINY, f"--tensorboard_dir={blocker / 'tb'}",
+         expect=f"--tensorboard_dir={blocker / 'tb'} is not a writable directory")
+
+
 def test_malformed_results_line_is_kept_and_reported(tmp_path):
   out = tmp_path / "runs.jsonl"
-  earlier = ['{"schema": "tf_tput.result/1", "note": "an earlier record"}',
+  earlier = ['{"schema": "tf_tput.result/1", "note": "not a whole record"}',
              "this line was damaged"]
   out.write_text("\n".join(earlier) + "\n")
   proc = run_cli("tf_tput.train", TINY, "--steps=1", "--warmup_steps=1",
                  f"--results={out}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   errors = error_lines(proc.stderr)
-  assert len(errors) == 1 and "line(s) 2 are not records" in errors[0], proc.stderr
+  assert len(errors) == 1 and "line(s) 1, 2 are not records" in errors[0], proc.stderr
   lines = out.read_text().splitlines()
   assert lines[:2] == earlier and len(lines) == 3
   new = json.loads(lines[2])

@@ -79,6 +79,21 @@ def test_ctrl_c_stops_every_process(tmp_path):
   assert not any(_alive(pid) for pid in pids)
 
 
+def test_a_command_that_cannot_start_is_one_clear_error():
+  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", "/no/such/program")
+  assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
+  assert "/no/such/program" in proc.stderr
+
+
+def test_a_single_controller_system_refuses_to_be_launched(tmp_path):
+  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
+                 "tf_tput.train", "--system=mtf", "--gin_file=gin/models/t5_tiny.gin",
+                 f"--results={tmp_path / 'runs.jsonl'}")
+  assert proc.returncode == 1
+  assert "--system=mtf runs as one process" in proc.stderr
+  assert "exited with code 2" in error_lines(proc.stderr)[-1]
+
+
 def test_no_command_is_one_clear_error():
   proc = run_cli("tf_tput.launch", "--num_processes=2")
   assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]

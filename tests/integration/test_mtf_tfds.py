@@ -47,3 +47,13 @@ def test_missing_tfds_dataset_fails_before_training(tmp_path):
        f"DataConfig.data_dir = '{tmp_path}'"])
   with pytest.raises(UsageError, match="no_such_dataset_xyz"):
     data.batches(experiment)
+
+
+def test_wrong_text_key_fails_before_training():
+  experiment = config.load_experiment(
+      ["gin/models/decoder_tiny.gin"],
+      ["DataConfig.source = 'tfds'", "DataConfig.tfds_name = 'lm1b'",
+       "DataConfig.text_key = 'body'"])
+  with tfds.testing.mock_data(num_examples=4):
+    with pytest.raises(UsageError, match="no feature 'body'.*'text'"):
+      data.batches(experiment)

@@ -73,3 +73,12 @@ def test_tiny_mtf_model_trains():
   assert all(np.isfinite(losses))
   assert losses[-1] < 0.5 * losses[0], losses
   assert sum(b < a for a, b in zip(losses, losses[1:])) >= 15, losses
+
+
+def test_pkg_resources_stand_in_finds_mtf_defaults_gin():
+  import os
+
+  from tf_tput import compat
+  resource_filename = compat._pkg_resources_stand_in().resource_filename
+  path = resource_filename("mesh_tensorflow.transformer.utils", "gin/defaults.gin")
+  assert os.path.isfile(path) and path.endswith("transformer/gin/defaults.gin")

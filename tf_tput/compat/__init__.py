@@ -2,7 +2,8 @@
 
 mesh-tensorflow was written against TF 1.x / early 2.x. Four names it needs at import
 time are gone from current TensorFlow (see ARCHITECTURE.md, "Facts about the
-dependencies"); this package provides them, once, before mtf is imported:
+dependencies"), and one from current setuptools; this package provides them before
+mtf is imported:
 
 * ``tensorflow.compat.v1.estimator`` (and ``tf.estimator`` for ``gin.tf``): mtf uses
   only ``ModeKeys``, ``SessionRunHook`` and ``CheckpointSaverListener`` from it, as
@@ -10,6 +11,10 @@ dependencies"); this package provides them, once, before mtf is imported:
   with the estimator's own values and method signatures.
 * ``ops.register_tensor_conversion_function``: moved to
   ``tensorflow.python.framework.tensor_conversion_registry``; aliased back.
+* ``pkg_resources``: ``mesh_tensorflow.transformer.utils`` imports it to find its
+  ``defaults.gin``; setuptools >= 81 no longer ships it (tensorboard's and ray's
+  dependencies pull such a setuptools). Where it is missing, a module with just
+  ``resource_filename`` (built on importlib) stands in.
 * ``tensorflow.python.tpu.tpu_config`` / ``tpu_estimator``: imported by
   ``mesh_tensorflow.transformer.utils`` for its TPUEstimator runner, which tf_tput
   does not use. They are provided as modules whose every attribute raises, so a
@@ -19,8 +24,11 @@ Everything else mtf needs (``tf.compat.v1`` graph mode, variable scopes, collect
 through PlacementMeshImpl) still exists in TensorFlow 2.21 and is used as is.
 """
 
+import importlib.util
+import os
 import sys
 import types
+
 
 def _unavailable_module(name: str) -> types.ModuleType:
   module = types.ModuleType(name)
@@ -33,6 +41,20 @@ def _unavailable_module(name: str) -> types.ModuleType:
         "through tf.compat.v1 Sessions, not TPUEstimator")
 
   module.__getattr__ = __getattr__
+  return module
+
+
+def _pkg_resources_stand_in() -> types.ModuleType:
+  module = types.ModuleType("pkg_resources")
+
+  def resource_filename(package_or_module: str, resource_name: str) -> str:
+    """The file `resource_name` beside the package or module, as pkg_resources gives."""
+    spec = importlib.util.find_spec(package_or_module)
+    base = (spec.submodule_search_locations[0] if spec.submodule_search_locations
+            else os.path.dirname(spec.origin))
+    return os.path.join(base, resource_name)
+
+  module.resource_filename = resource_filename
   return module
 
 
@@ -52,6 +74,11 @@ def apply() -> None:
     if not hasattr(module, "estimator"):
       module.estimator = estimator
   sys.modules.setdefault("tensorflow.compat.v1.estimator", estimator)
+
+  try:
+    import pkg_resources  # noqa: F401
+  except ImportError:
+    sys.modules["pkg_resources"] = _pkg_resources_stand_in()
 
   if not hasattr(ops, "register_tensor_conversion_function"):
     ops.register_tensor_conversion_function = (

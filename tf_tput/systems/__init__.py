@@ -3,6 +3,7 @@
     class System(Protocol):
       name: str
       framework: str                      # which topology resolver it needs ("tf", "jax")
+      multi_process: bool                 # can run as several launched processes
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -39,6 +40,7 @@ class Trainer(Protocol):
 class System(Protocol):
   name: str
   framework: str
+  multi_process: bool
 
   def build(self, experiment, topology) -> Trainer: ...
 

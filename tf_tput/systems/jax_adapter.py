@@ -54,7 +54,6 @@ class JaxTrainer:
     variables = models.variables(m)
     self._param_shardings = {v.name: sharding([n for n, _ in v.dims]) for v in variables}
     self._batch_sharding = sharding(("batch", "length"))
-    self.num_params = sum(v.size for v in variables)
 
     def constrain(x, dim_names):
       return jax.lax.with_sharding_constraint(x, sharding(dim_names))
@@ -74,6 +73,7 @@ class JaxTrainer:
 
     self._params = jax.jit(lambda: jax_model.init_params(m, experiment.train.seed),
                            out_shardings=self._param_shardings)()
+    self.num_params = sum(p.size for p in self._params.values())  # what was built
     state_shardings = jax.tree_util.tree_map_with_path(
         state_sharding, jax.eval_shape(self._optimizer.init, self._params))
     self._init_state = jax.jit(self._optimizer.init, out_shardings=state_shardings)
@@ -102,9 +102,9 @@ class JaxTrainer:
 
   def load_variables(self, values: dict) -> None:
     """Replaces the parameters (e.g. the TF baseline's initial values) and resets Adafactor."""
-    missing = set(self._param_shardings) ^ set(values)
-    if missing:
-      raise ValueError(f"variables differ from the model's: {sorted(missing)[:5]}")
+    mismatched = set(self._param_shardings) ^ set(values)
+    if mismatched:
+      raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
     self._params = {k: self._jax.make_array_from_callback(
         np.shape(values[k]), self._param_shardings[k],
         lambda index, v=np.asarray(values[k], np.float32): v[index])
@@ -127,6 +127,7 @@ class JaxTrainer:
 class JaxSystem:
   name = "jax"
   framework = "jax"
+  multi_process = True   # every launched process runs the same program
 
   def build(self, experiment, topology) -> JaxTrainer:
     return JaxTrainer(experiment, topology)

@@ -4,7 +4,7 @@ The model is built from mesh_tensorflow.transformer's own classes (Bitransformer
 T5, a causal Unitransformer for decoder-only LMs) with the layer stack that
 mesh_tensorflow/transformer/gin/defaults.gin binds, passed explicitly here so that
 mtf's gin registry stays out of the user's gin files. Training is mtf's
-AdafactorOptimizer with its defaults (relative step size min(0.01, 1/sqrt(step)),
+AdafactorOptimizer with its defaults (relative step size min(0.01, rsqrt(step + 1)),
 parameter scaling, factored second moments), lowered by PlacementMeshImpl onto the
 topology's devices and run by one tf.compat.v1 Session: a single controller.
 """
@@ -162,6 +162,7 @@ class MtfTrainer:
 class MtfSystem:
   name = "mtf"
   framework = "tf"
+  multi_process = False  # one Session drives every device: a single controller
 
   def build(self, experiment, topology) -> MtfTrainer:
     return MtfTrainer(experiment, topology)

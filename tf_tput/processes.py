@@ -1,0 +1,118 @@
+"""Local processes on loopback: start N copies of a command, watch them, stop them all.
+
+Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks. Each
+process gets TF_TPUT_COORDINATOR (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES
+and TF_TPUT_PROCESS_ID (tf_tput.topology reads them). When any process fails, it is
+named and the others are stopped (SIGTERM to its process group, then SIGKILL);
+Ctrl-C and SIGTERM stop them all the same way.
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from tf_tput import topology
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+POLL_S = 0.2
+
+
+class StartError(OSError):
+  """The command could not be started at all."""
+
+
+def _die_with_parent() -> None:
+  """In the child: receive SIGTERM if the launcher dies, even by SIGKILL (Linux)."""
+  if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_loopback_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def stop(procs: list, grace_s: float) -> None:
+  """SIGTERM to each still-running process group, then SIGKILL whatever remains."""
+  for p in procs:
+    if p.poll() is None:
+      _signal_group(p, signal.SIGTERM)
+  deadline = time.monotonic() + grace_s
+  for p in procs:
+    try:
+      p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      _signal_group(p, signal.SIGKILL)
+      p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+  try:
+    os.killpg(p.pid, sig)  # the child and anything it started
+  except ProcessLookupError:
+    pass
+
+
+def launch(command: list, num_processes: int, grace_s: float,
+           timeout_s: float = None, reraise_interrupt: bool = False) -> int:
+  """Runs `command` in num_processes processes; 0 when all succeed.
+
+  On Ctrl-C / SIGTERM every process is stopped, then the exit code is 128 + signal,
+  or KeyboardInterrupt is raised when the caller has more to stop (reraise_interrupt).
+  """
+  coordinator = f"127.0.0.1:{free_loopback_port()}"
+  procs = []
+  interrupted = []
+
+  def on_signal(signum, frame):
+    del frame
+    interrupted.append(signum)
+
+  previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    for index in range(num_processes):
+      env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
+                                topology.NUM_PROCESSES_ENV: str(num_processes),
+                                topology.PROCESS_ID_ENV: str(index)})
+      try:
+        procs.append(subprocess.Popen(command, env=env, start_new_session=True,
+                                      preexec_fn=_die_with_parent))
+      except OSError as e:
+        raise StartError(f"cannot start {command[0]!r}: {e.strerror}; check the "
+                         "command after --") from None
+    started = time.monotonic()
+    while True:
+      if interrupted:
+        stop(procs, grace_s)
+        if reraise_interrupt:
+          raise KeyboardInterrupt
+        print(f"error: interrupted by signal {interrupted[0]}; stopped all "
+              f"{num_processes} processes", file=sys.stderr)
+        return 128 + interrupted[0]
+      codes = [p.poll() for p in procs]
+      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+      if failed:
+        index, code = failed[0]
+        stop(procs, grace_s)
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"error: process {index} (pid {procs[index].pid}) {how}; stopped the other "
+              f"{num_processes - 1}", file=sys.stderr)
+        return 1
+      if all(c == 0 for c in codes):
+        return 0
+      if timeout_s is not None and time.monotonic() - started > timeout_s:
+        stop(procs, grace_s)
+        print(f"error: --timeout_s={timeout_s} passed; stopped all {num_processes} "
+              "processes", file=sys.stderr)
+        return 1
+      time.sleep(POLL_S)
+  finally:
+    stop(procs, grace_s)  # no orphans, whatever happened above
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
