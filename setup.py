@@ -15,8 +15,9 @@ setup(
     packages=find_packages(include=["tf_tput", "tf_tput.*"]),
     python_requires=">=3.10,<3.13",
     install_requires=[
-        # tensorflow-cpu on CPU machines; on a GPU or TPU host install `tensorflow`
-        # (or tensorflow[and-cuda]) alongside: it satisfies the same imports.
+        # tensorflow-cpu: CI and these machines have no accelerator. On a GPU host,
+        # `pip uninstall tensorflow-cpu && pip install "tensorflow[and-cuda]"` after
+        # installing tf_tput (both packages provide the same `tensorflow` module).
         "tensorflow-cpu>=2.16,<2.22",
         "mesh-tensorflow==0.1.21",    # last release; tf_tput/compat makes it import
         "gin-config>=0.5,<0.6",

@@ -1,0 +1,138 @@
+"""tf_tput.micro end to end: every system x mode at 1 and 2 hosts, records, cleanup."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+
+from tf_tput import micro, results
+
+from cli_helpers import REPO, error_lines, run_cli
+
+FAST = ["--hosts=1,2", "--devices_per_host=2", "--chain_length=8", "--computations=16",
+        "--repeats=1", "--timeout_s=120"]
+
+
+def _marked_env() -> dict:
+  """The environment for a run whose every descendant can be found again."""
+  marker = uuid.uuid4().hex
+  return dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+              TF_TPUT_TEST_MARKER=marker)
+
+
+def _left_running(env: dict) -> list:
+  """Live processes (zombies excluded) that inherited this run's marker."""
+  time.sleep(1.0)  # a SIGKILLed process needs a moment to be reaped
+  alive = []
+  for p in psutil.process_iter(["pid", "status", "cmdline"]):
+    try:
+      marked = p.environ().get("TF_TPUT_TEST_MARKER") == env["TF_TPUT_TEST_MARKER"]
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+      continue
+    if marked and p.info["pid"] != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
+      alive.append(" ".join(p.info["cmdline"] or [])[:120])
+  return alive
+
+
+def _micro(*args, env):
+  return subprocess.run([sys.executable, "-m", "tf_tput.micro", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _ray_installed() -> bool:
+  return micro.system_module("ray").unavailable() is None
+
+
+def test_every_system_and_mode_runs_checks_and_cleans_up(tmp_path):
+  env = _marked_env()
+  out = tmp_path / "micro.jsonl"
+  proc = _micro("--systems=tf,jax,ray", *FAST, f"--results={out}", env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = [json.loads(line) for line in out.read_text().splitlines()]
+  for record in records:
+    results.validate(record)
+  by_key = {(r["system"], r["mode"], r["hosts"]): r for r in records}
+  assert len(by_key) == 3 * 3 * 2 == len(records)
+  for (system, mode, hosts), r in by_key.items():
+    if system == "jax" and mode == "chained":
+      assert r["status"] == "not_applicable"
+    elif system == "ray" and not _ray_installed():
+      assert r["status"] == "skipped" and "pip install" in r["error"]
+    else:
+      assert r["status"] == "ok", r
+      assert r["computations_per_sec"] > 0 and len(r["repeats"]) == 1
+      assert r["hosts"] * r["devices_per_host"] == 2 * hosts
+  assert "bare loop" in proc.stdout
+  assert _left_running(env) == []
+
+
+def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
+  out = tmp_path / "micro.jsonl"
+  proc = run_cli("tf_tput.micro", "--systems=tf,jax", "--modes=opbyop", "--hosts=1",
+                 "--crossover", "--crossover_ms=0.3,3", "--crossover_repeat_s=0.1",
+                 "--repeats=1", f"--results={out}", timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = [line for line in proc.stdout.splitlines() if line.startswith("crossover")]
+  assert len(lines) == 1 and lines[0].startswith("crossover tf vs jax, 1 host(s): ")
+  matmul = [json.loads(line) for line in out.read_text().splitlines()]
+  matmul = [r for r in matmul if r["matmul_n"]]
+  assert {r["computation_ms"] for r in matmul} == {0.3, 3.0}
+  assert all(r["status"] == "ok" for r in matmul)
+  # The larger computation is a larger matmul.
+  assert max(r["matmul_n"] for r in matmul if r["computation_ms"] == 3.0) > max(
+      r["matmul_n"] for r in matmul if r["computation_ms"] == 0.3)
+
+
+def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
+  env = _marked_env()
+  out = tmp_path / "micro.jsonl"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tf_tput.micro", "--systems=jax,tf", "--modes=opbyop",
+       "--hosts=1,2", "--computations=100000", "--chain_length=1", "--repeats=50",
+       f"--results={out}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    time.sleep(15)  # hosts are up and computing
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 130, stderr[-2000:]
+  assert len(error_lines(stderr)) == 1 and "interrupted" in error_lines(stderr)[0]
+  for line in out.read_text().splitlines() if out.exists() else []:
+    results.validate(json.loads(line))
+  assert _left_running(env) == []
+
+
+def test_bad_flags_are_one_line_errors(tmp_path):
+  for args, expect in (
+      (["--systems=tf,pathways"], "pathways"),
+      (["--computations=100", "--chain_length=8"], "--computations=100"),
+      (["--hosts=1,x"], "--hosts=1,x"),
+      (["--hosts=0"], "--hosts=0"),
+  ):
+    proc = run_cli("tf_tput.micro", *args, f"--results={tmp_path / 'm.jsonl'}")
+    assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
+    assert expect in proc.stderr
+
+
+def test_a_system_without_its_extra_is_skipped_and_the_others_run(tmp_path):
+  # A `ray` package that fails to import, first on the path: as if the extra were absent.
+  fake = tmp_path / "no_ray" / "ray"
+  fake.mkdir(parents=True)
+  (fake / "__init__.py").write_text("raise ImportError('simulated: ray not installed')\n")
+  env = _marked_env()
+  env["PYTHONPATH"] = f"{fake.parent}{os.pathsep}{env['PYTHONPATH']}"
+  out = tmp_path / "micro.jsonl"
+  proc = _micro("--systems=ray,jax", "--modes=opbyop", "--hosts=1", "--chain_length=8",
+                "--computations=16", "--repeats=1", f"--results={out}", env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = {r["system"]: r for r in map(json.loads, out.read_text().splitlines())}
+  assert records["ray"]["status"] == "skipped" and "pip install" in records["ray"]["error"]
+  assert records["jax"]["status"] == "ok"

@@ -1,0 +1,130 @@
+"""TF single-controller micro-benchmark: every mode runs, checks bite, servers never leak.
+
+Each run starts real tf.distribute.Server processes on loopback. After every test,
+no process this test process started is left running (the autouse fixture).
+"""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tf_tput import micro
+from tf_tput.micro import tf_single
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+  started = time.time() - 1.0  # create_time has coarse resolution
+  yield
+  me = psutil.Process()
+  left = []
+  for p in me.children(recursive=True):
+    try:
+      if p.create_time() >= started and p.status() != psutil.STATUS_ZOMBIE:
+        left.append((p.pid, " ".join(p.cmdline())))
+    except psutil.NoSuchProcess:
+      pass
+  assert not left, f"processes still running after run(): {left}"
+
+
+def _spec(mode, hosts=2, **overrides):
+  fields = dict(system="tf", mode=mode, hosts=hosts, devices_per_host=2,
+                chain_length=8, computations=16, repeats=2, timeout_s=120.0)
+  fields.update(overrides)
+  return micro.Spec(**fields)
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+@pytest.mark.parametrize("mode", tf_single.MODES)
+def test_every_mode_runs_and_times_each_repeat(mode, hosts):
+  seconds = tf_single.run(_spec(mode, hosts))
+  assert len(seconds) == 2
+  assert all(isinstance(s, float) and s > 0 for s in seconds)
+
+
+def test_a_matmul_runs_before_the_allreduce():
+  seconds = tf_single.run(_spec("fused", matmul_n=64))
+  assert len(seconds) == 2 and all(s > 0 for s in seconds)
+
+
+def test_the_module_follows_the_system_contract():
+  assert tf_single.unavailable() is None
+  assert micro.system_module("tf") is tf_single
+  assert set(tf_single.MODES) == set(micro.MODES)
+
+
+def test_check_raises_on_a_wrong_value():
+  micro.check(16, 16, "right")
+  with pytest.raises(micro.CheckError, match="got 17, expected 16"):
+    micro.check(17, 16, "wrong")
+
+
+def _server_addresses():
+  """The cluster's addresses, as the running tf_server processes were told them."""
+  for p in psutil.Process().children(recursive=True):
+    for arg in p.cmdline():
+      if arg.startswith("--workers="):
+        return arg.split("=", 1)[1].split(",")
+  raise AssertionError("no tf_server process is running")
+
+
+def _corrupt_on_worker(address, task, value):
+  """Another client overwrites x on task:<task>/CPU:0, in the worker's shared state."""
+  import tensorflow as tf
+  device = f"/job:worker/replica:0/task:{task}/device:CPU:0"
+  graph = tf.Graph()
+  with graph.as_default(), tf.device(device):
+    x = tf.compat.v1.Variable(0, dtype=tf.int32, name=tf_single.variable_name(device))
+    assign = x.assign(value)
+  with tf.compat.v1.Session(f"grpc://{address}", graph=graph) as session:
+    session.run(assign, options=tf.compat.v1.RunOptions(timeout_in_ms=30_000))
+
+
+def test_wrong_data_on_a_server_fails_the_run(monkeypatch):
+  """After the warmup's check, a worker's state is overwritten; the next check fails."""
+  real_check = micro.check
+  checks = []
+
+  def check_then_corrupt(value, expected, where):
+    real_check(value, expected, where)
+    checks.append(where)
+    if len(checks) == 4:  # the warmup's 4 devices are checked: corrupt host 1's state
+      _corrupt_on_worker(_server_addresses()[0], task=1, value=1000)
+
+  monkeypatch.setattr(micro, "check", check_then_corrupt)
+  with pytest.raises(micro.CheckError, match="repeat 1"):
+    tf_single.run(_spec("opbyop"))
+  assert len(checks) == 4
+
+
+def test_a_run_out_of_time_raises_and_stops_its_servers():
+  start = time.monotonic()
+  with pytest.raises(TimeoutError, match="timeout_s=0.5"):
+    tf_single.run(_spec("chained", timeout_s=0.5))
+  assert time.monotonic() - start < 0.5 + tf_single.STOP_GRACE_S + 2
+
+
+def test_a_server_that_dies_at_start_is_named_with_its_log(monkeypatch):
+  monkeypatch.setattr(tf_single, "SERVER_MODULE", "tf_tput.micro.no_such_server")
+  with pytest.raises(RuntimeError, match=r"worker \d .*exited with code 1.*No module"):
+    tf_single.run(_spec("opbyop"))
+
+
+def test_ctrl_c_stops_the_servers(monkeypatch):
+  def interrupt(value, expected, where):
+    os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-run
+    time.sleep(1)
+
+  monkeypatch.setattr(micro, "check", interrupt)
+  with pytest.raises(KeyboardInterrupt):
+    tf_single.run(_spec("fused", hosts=1))
+
+
+def test_a_bad_spec_is_refused_before_any_server_starts():
+  with pytest.raises(ValueError, match="multiple of chain_length"):
+    tf_single.run(_spec("chained", computations=12))
+  with pytest.raises(ValueError, match="mode"):
+    tf_single.run(_spec("pipelined"))

@@ -1,0 +1,69 @@
+"""Dispatch micro-benchmarks (Pathways Fig. 5 and 6): what a controller costs.
+
+The computation, identical for every system: each device of every host holds one
+int32 scalar x (all equal). One computation is an AllReduce-sum of x over all
+devices followed by a scalar add: x <- sum(x) // num_devices + 1. Each computation's
+output feeds the next, so after k computations from 0 every device holds k; the
+systems check that value, and a fast wrong benchmark fails. With a matmul size
+(Fig. 6's crossover), each device first multiplies an n x n float32 matrix of zeros
+(held as an input, so no compiler can fold it away) and adds its [0, 0] entry (0) to
+x before the AllReduce.
+
+Modes, as in the paper:
+  opbyop   one client call per computation;
+  chained  one client call runs a chain of chain_length dependent nodes, each node one
+           computation;
+  fused    one client call runs one node that loops chain_length computations.
+
+A system module (tf_tput/micro/<system>.py) defines:
+  MODES: the modes it has (others are recorded as not applicable);
+  unavailable() -> str | None: why it cannot run here (an extra not installed);
+  run(spec) -> list[float]: wall seconds of each of spec.repeats timed repeats (after
+      one untimed warmup repeat), each of spec.computations computations, all
+      results checked. It starts its hosts as local processes on loopback and stops
+      every one of them, on success, failure, timeout and Ctrl-C.
+"""
+
+import dataclasses
+import importlib
+
+SYSTEMS = {"tf": "tf_tput.micro.tf_single", "jax": "tf_tput.micro.jax_multi",
+           "ray": "tf_tput.micro.ray_actors"}
+MODES = ("opbyop", "chained", "fused")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  system: str
+  mode: str
+  hosts: int
+  devices_per_host: int
+  chain_length: int = 128
+  computations: int = 1024     # per repeat; a multiple of chain_length
+  repeats: int = 5
+  matmul_n: int = 0            # 0: the scalar add alone; n: an n x n matmul too
+  timeout_s: float = 300.0     # the whole run, hosts' start-up included
+
+  @property
+  def num_devices(self) -> int:
+    return self.hosts * self.devices_per_host
+
+  @property
+  def calls_per_repeat(self) -> int:
+    """Client calls per repeat: one per computation, or one per chain / loop."""
+    return self.computations if self.mode == "opbyop" else (
+        self.computations // self.chain_length)
+
+
+class CheckError(RuntimeError):
+  """A computation's result differs from the value the AllReduce must produce."""
+
+
+def check(value, expected: int, where: str) -> None:
+  if int(value) != expected:
+    raise CheckError(f"{where}: got {value}, expected {expected}: the AllReduce or "
+                     "the chain did not compute what it should")
+
+
+def system_module(name: str):
+  return importlib.import_module(SYSTEMS[name])

@@ -1,0 +1,213 @@
+"""Dispatch micro-benchmarks (Pathways Fig. 5 / 6) -> micro records and a table.
+
+    python -m tf_tput.micro --systems=tf,jax,ray --modes=opbyop,chained,fused \
+        --hosts=1,2,4 --devices_per_host=2 --results=results/micro.jsonl [--crossover]
+
+Every host is a local process on loopback (a tf.distribute.Server, a jax.distributed
+process, a Ray actor); see tf_tput/micro/__init__.py for the computation and modes.
+A system whose extra is not installed is recorded as skipped, a mode a system does
+not have as not applicable, a failed run as failed; the others still run.
+"""
+
+import datetime
+import sys
+import time
+import uuid
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from tf_tput import micro, provenance, results
+from tf_tput import errors
+from tf_tput.errors import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("systems", ["tf", "jax", "ray"], f"Systems: {', '.join(micro.SYSTEMS)}.")
+flags.DEFINE_list("modes", list(micro.MODES), f"Modes: {', '.join(micro.MODES)}.")
+flags.DEFINE_list("hosts", ["1", "2", "4"], "Host counts (each host a local process).")
+flags.DEFINE_integer("devices_per_host", 2, "Devices per host (virtual CPU devices).")
+flags.DEFINE_integer("chain_length", 128, "Computations per chained / fused call.")
+flags.DEFINE_integer("computations", 1024, "Computations per timed repeat (a multiple "
+                     "of --chain_length).")
+flags.DEFINE_integer("repeats", 5, "Timed repeats (after one untimed warmup repeat).")
+flags.DEFINE_float("timeout_s", 600, "Limit for one system x mode x hosts run.")
+flags.DEFINE_string("results", "results/micro.jsonl", "JSON-lines file for the records.")
+flags.DEFINE_bool("crossover", False, "Fig. 6: also find, per host count, the smallest "
+                  "computation at which each single-controller system reaches "
+                  "--crossover_fraction of JAX's computations/s (opbyop).")
+flags.DEFINE_list("crossover_ms", ["0.1", "0.3", "1", "3", "10", "30"], "Computation "
+                  "durations (ms of one n x n float32 matmul) tried by --crossover.")
+flags.DEFINE_float("crossover_fraction", 0.95, "Fraction of JAX's rate to reach.")
+flags.DEFINE_float("crossover_repeat_s", 1.0, "Target seconds per timed repeat there.")
+flags.DEFINE_bool("bare_loop", True, "With jax opbyop on 1 host, also time a bare loop "
+                  "of the same jitted call and print the harness / bare ratio.")
+
+
+def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None):
+  rates = [spec.computations / s for s in seconds]
+  wall = sum(seconds) if seconds else None
+  return {
+      "schema": results.MICRO_SCHEMA, "run_id": uuid.uuid4().hex[:12],
+      "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+      "status": status, "error": error, "system": spec.system, "mode": spec.mode,
+      "hosts": spec.hosts, "devices_per_host": spec.devices_per_host,
+      "chain_length": spec.chain_length, "computations": spec.computations,
+      "matmul_n": spec.matmul_n, "computation_ms": computation_ms, "wall_s": wall,
+      "computations_per_sec": spec.computations * len(seconds) / wall if wall else None,
+      "repeats": rates,
+      "env": provenance.env([{"platform": "cpu", "kind": provenance.cpu_model(),
+                              "count": spec.num_devices}]),
+      "git_commit": provenance.git_commit(),
+  }
+
+
+def measure(spec: micro.Spec, computation_ms=None) -> dict:
+  """One system x mode x hosts run -> its record (appended to --results)."""
+  module = micro.system_module(spec.system)
+  reason = module.unavailable()
+  if reason:
+    record = _record(spec, "skipped", reason)
+  elif spec.mode not in module.MODES:
+    record = _record(spec, "not_applicable",
+                     f"{spec.system} has no {spec.mode} mode (as in the paper)")
+  else:
+    logging.info("%s %s, %d host(s) x %d devices%s", spec.system, spec.mode, spec.hosts,
+                 spec.devices_per_host, f", matmul {spec.matmul_n}" if spec.matmul_n else "")
+    try:
+      record = _record(spec, "ok", seconds=module.run(spec), computation_ms=computation_ms)
+    except (KeyboardInterrupt, SystemExit):
+      raise
+    except Exception as e:  # noqa: BLE001: one failed run is recorded, others go on
+      logging.exception("%s %s failed", spec.system, spec.mode)
+      record = _record(spec, "failed", errors.one_line(e), computation_ms=computation_ms)
+  results.append(FLAGS.results, record)
+  return record
+
+
+def _bare_loop_ratio(spec: micro.Spec, harness_rate: float) -> str:
+  from tf_tput.micro import jax_multi
+  seconds = jax_multi.run(spec, bare=True)
+  bare_rate = spec.computations * len(seconds) / sum(seconds)
+  return (f"jax opbyop, 1 host: harness {harness_rate:,.0f} vs bare loop "
+          f"{bare_rate:,.0f} computations/s ({100 * harness_rate / bare_rate:.0f}%)")
+
+
+def matmul_n_for(ms: float) -> int:
+  """n such that one n x n float32 matmul takes about `ms` here (numpy, measured)."""
+  import numpy as np
+  n = 512
+  a = np.ones((n, n), np.float32)
+  a @ a
+  start = time.perf_counter()
+  for _ in range(5):
+    a @ a
+  flops_per_s = 5 * 2 * n ** 3 / (time.perf_counter() - start)
+  return max(8, round((ms / 1e3 * flops_per_s / 2) ** (1 / 3)))
+
+
+def crossover(hosts_list, base: dict) -> list:
+  """Fig. 6 lines: per single-controller system and host count, the smallest tried
+  duration whose opbyop rate reaches the fraction of JAX's."""
+  lines = []
+  for hosts in hosts_list:
+    rates = {}
+    for ms in map(float, FLAGS.crossover_ms):
+      n = matmul_n_for(ms)
+      computations = max(8, round(FLAGS.crossover_repeat_s * 1e3 / ms))
+      for system in FLAGS.systems:
+        spec = micro.Spec(system, "opbyop", hosts, matmul_n=n, computations=computations,
+                          chain_length=1, repeats=3, **base)
+        rates[(system, ms)] = measure(spec, computation_ms=ms)["computations_per_sec"]
+    for system in (s for s in FLAGS.systems if s != "jax"):
+      found = [ms for ms in map(float, FLAGS.crossover_ms)
+               if rates.get((system, ms)) and rates.get(("jax", ms))
+               and rates[(system, ms)] >= FLAGS.crossover_fraction * rates[("jax", ms)]]
+      lines.append(f"crossover {system} vs jax, {hosts} host(s): "
+                   + (f"{min(found):g} ms" if found else
+                      f"not reached up to {FLAGS.crossover_ms[-1]} ms (or a run failed)"))
+  return lines
+
+
+def format_table(records: list) -> str:
+  rows = [("system", "mode", "hosts", "devices", "computations/s", "repeats min-max",
+           "status")]
+  for r in records:
+    rate = r["computations_per_sec"]
+    spread = (f"{min(r['repeats']):,.0f}-{max(r['repeats']):,.0f}" if r["repeats"] else "-")
+    rows.append((r["system"], r["mode"], str(r["hosts"]),
+                 str(r["hosts"] * r["devices_per_host"]),
+                 f"{rate:,.0f}" if rate else "-", spread,
+                 r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:70]}"))
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                   for row in rows)
+
+
+def _validated_args():
+  unknown = [s for s in FLAGS.systems if s not in micro.SYSTEMS]
+  if unknown:
+    raise UsageError(f"--systems: unknown {unknown}; choose from {sorted(micro.SYSTEMS)}")
+  bad_modes = [m for m in FLAGS.modes if m not in micro.MODES]
+  if bad_modes:
+    raise UsageError(f"--modes: unknown {bad_modes}; choose from {list(micro.MODES)}")
+  try:
+    hosts = [int(h) for h in FLAGS.hosts]
+  except ValueError:
+    raise UsageError(f"--hosts={','.join(FLAGS.hosts)}: host counts are integers, "
+                     "e.g. --hosts=1,2,4") from None
+  for name, value in (("--devices_per_host", FLAGS.devices_per_host),
+                      ("--chain_length", FLAGS.chain_length),
+                      ("--computations", FLAGS.computations), ("--repeats", FLAGS.repeats),
+                      *((f"--hosts={h}", h) for h in hosts)):
+    if value < 1:
+      raise UsageError(f"{name} is {value}; it must be >= 1")
+  if FLAGS.computations % FLAGS.chain_length:
+    raise UsageError(f"--computations={FLAGS.computations} is not a multiple of "
+                     f"--chain_length={FLAGS.chain_length}; e.g. --computations="
+                     f"{FLAGS.chain_length * 8}")
+  return hosts
+
+
+def main(argv) -> int:
+  if len(argv) > 1:
+    print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
+    return 2
+  try:
+    hosts_list = _validated_args()
+    malformed = results.check_appendable(FLAGS.results)
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for number, problem in malformed:
+    logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
+                    problem)
+  base = dict(devices_per_host=FLAGS.devices_per_host, timeout_s=FLAGS.timeout_s)
+  records, notes = [], []
+  try:
+    for hosts in hosts_list:
+      for system in FLAGS.systems:
+        for mode in FLAGS.modes:
+          spec = micro.Spec(system, mode, hosts, chain_length=FLAGS.chain_length,
+                            computations=FLAGS.computations, repeats=FLAGS.repeats,
+                            **base)
+          records.append(measure(spec))
+          last = records[-1]
+          if (FLAGS.bare_loop and system == "jax" and mode == "opbyop" and hosts == 1
+              and last["status"] == "ok"):
+            notes.append(_bare_loop_ratio(spec, last["computations_per_sec"]))
+    if FLAGS.crossover:
+      notes += crossover(hosts_list, base)
+  except KeyboardInterrupt:
+    print(f"error: interrupted; {len(records)} records kept in {FLAGS.results}",
+          file=sys.stderr)
+    return 130
+  print(format_table(records))
+  print("\n".join(notes))
+  print(f"records: {FLAGS.results}")
+  return 1 if any(r["status"] == "failed" for r in records) else 0
+
+
+if __name__ == "__main__":
+  app.run(main)

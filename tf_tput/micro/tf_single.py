@@ -1,0 +1,408 @@
+"""TF single controller: one client Session drives every host's devices (the paper's TF).
+
+Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.micro.tf_server:
+job "worker", task i, devices_per_host logical CPU devices from
+ConfigProto(device_count={"CPU": k})), on a free port of 127.0.0.1. run() starts them
+in their own sessions, waits (within spec.timeout_s) until each prints that it serves,
+checks with Session.list_devices() that every /job:worker/task:i/device:CPU:j exists,
+and stops them all in a finally: SIGTERM to each process group, SIGKILL after
+STOP_GRACE_S; on success, on any exception, on timeout and on KeyboardInterrupt. A
+server whose starter dies without that finally exits by itself (see tf_server).
+
+Loopback. Every address in the cluster, and the client's target, is 127.0.0.1, but
+TensorFlow's gRPC server listens on the wildcard address 0.0.0.0:PORT ([::] dual-stack)
+whatever the cluster spec says: grpc_server_lib.cc hard-codes it and neither
+tf.distribute.Server nor ServerDef can restrict it. While a run lasts, its servers'
+ports are reachable from other machines that can reach this one, unauthenticated.
+
+Client. The calling process holds one tf.compat.v1.Session on grpc://<worker 0> and
+builds, in its own tf.Graph, ops placed on /job:worker/replica:0/task:i/device:CPU:j.
+The session passes no cluster_def: the servers already share the cluster, and TF 2.21
+rejects a session cluster_def that names the master's own job and task ("The
+ClusterSpec names the job and task index to be the same names that were provided when
+the server booted"). Calls go through Session.make_callable (one RunCallable RPC to the
+master per call, no per-call fetch bookkeeping in Python).
+
+The AllReduce is an explicit reduction across device placements, not TF collective
+ops: add_n of every device's x on the first device (task 0, CPU 0), then every device
+computes sum // num_devices + 1 on its own placement, so the sum travels to every
+device. The master's graph partitioner turns each cross-device edge into a Send/Recv
+pair (gRPC RecvTensor between workers), which is exactly what a single controller's
+dataflow graph does, and it works unchanged in all three modes, inside a while loop
+included, with no extra configuration. TF collective ops do work here too
+(tf.raw_ops.CollectiveReduce, one per device, with
+experimental.collective_group_leader set in every server's and the session's config;
+a quick trial with 2 hosts ran all three modes correctly) but were slower: about 280
+vs 450 computations/s OpByOp, 1140 vs 1400-1800 Chained, 450 vs 900-1300 Fused. On
+CPU their ring travels the same gRPC RecvTensor path, with more hops per reduction.
+
+Modes. State is one int32 variable per device, x_<task>_<index> (plus, with
+spec.matmul_n, one n x n float32 zeros variable a_<task>_<index> per device, read
+afresh by each computation after the previous one so that no graph optimizer shares
+one matmul between computations). Variables live in the workers' shared resource
+state, as TF1 variables always did; another session on the cluster sees them.
+  opbyop   one call runs a graph of one computation that assigns the new values;
+  chained  one call runs a graph of chain_length chained computations, built once,
+           that reads the variables and assigns the final values;
+  fused    one call runs one tf.compat.v1.while_loop of chain_length iterations whose
+           body is one computation across all devices. The loop is built with TF1
+           control flow (Enter/Merge/Switch dataflow, toggled on for the build only and
+           restored): the partitioner splits one frame across workers, each iteration
+           costs only the loop predicate's and the data's Send/Recv. Control flow v2's
+           While op, which the session lowers to the same primitives, measured 10-20%
+           slower with 2 hosts here. No XLA: an XLA cluster lives on one device, so it
+           cannot compile a loop whose body spans devices of several workers; at most
+           it would compile single-device fragments of a body of scalar ops, adding
+           launch overhead rather than removing it.
+
+Checks and timing. After every repeat (the untimed warmup included) the client reads
+every device's x back and micro.check()s it against the number of computations run so
+far. Each repeat is timed with time.perf_counter around its spec.calls_per_repeat
+calls; a call returns when its step has completed on every worker.
+
+Timeout. spec.timeout_s bounds the whole run: the servers' start-up waits for it, the
+session's operation_timeout_in_ms (CreateSession, ListDevices, MakeCallable) and each
+call's RunOptions.timeout_in_ms are the time left. Running out raises TimeoutError; a
+worker that dies raises RuntimeError with the end of its log. Clean-up comes on top:
+at most CLOSE_WAIT_S for the session's close and STOP_GRACE_S for the servers.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import tf_tput
+from tf_tput import micro
+from tf_tput.errors import UsageError
+
+MODES = ("opbyop", "chained", "fused")
+JOB = "worker"
+SERVER_MODULE = "tf_tput.micro.tf_server"
+READY_MARKER = "serving grpc://"    # what tf_server prints once its server listens
+POLL_S = 0.05
+STOP_GRACE_S = 3.0
+CLOSE_WAIT_S = 2.0                  # a session close that hangs is left behind after this
+LIFETIME_MARGIN_S = 30.0            # servers exit on their own this long after the deadline
+LOG_TAIL_CHARS = 4000
+# TF's start-up notices, printed before absl logging honours TF_CPP_MIN_LOG_LEVEL.
+_ABSL_NOISE = re.compile(r"I\d{4} |WARNING: All log messages before absl|To enable the")
+
+
+def unavailable():
+  """TensorFlow is a core dependency: the TF system is always available."""
+  return None
+
+
+def device_names(spec) -> list:
+  return [f"/job:{JOB}/replica:0/task:{task}/device:CPU:{index}"
+          for task in range(spec.hosts) for index in range(spec.devices_per_host)]
+
+
+def variable_name(device: str, prefix: str = "x") -> str:
+  """The name (and worker-side shared name) of a device's variable: x_<task>_<index>."""
+  task = device.split("/task:")[1].split("/")[0]
+  return f"{prefix}_{task}_{device.rsplit(':', 1)[1]}"
+
+
+def run(spec) -> list:
+  """Wall seconds of each of spec.repeats timed repeats; see the module docstring."""
+  _validate(spec)
+  deadline = time.monotonic() + spec.timeout_s
+  import tensorflow as tf
+  with tempfile.TemporaryDirectory(prefix="tf_tput_micro_tf_") as log_dir:
+    cluster = _Cluster(spec, deadline, log_dir)
+    try:
+      cluster.start()
+      program = _Program(tf, spec)  # built while the servers import TensorFlow
+      cluster.wait_until_serving()
+      config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_remaining_ms(deadline))
+      session = tf.compat.v1.Session(cluster.target, graph=program.graph, config=config)
+      try:
+        _check_devices(session, program.devices)
+        return _measure(tf, session, program, spec, deadline)
+      finally:
+        _close(session)
+    except tf.errors.OpError as e:
+      explained = _explain(tf, e, cluster, spec, deadline)
+      if explained is None:
+        raise
+      raise explained from e
+    finally:
+      cluster.stop()
+
+
+def _validate(spec) -> None:
+  if spec.mode not in MODES:
+    raise UsageError(f"tf: mode {spec.mode!r} is not one of {', '.join(MODES)}")
+  for name in ("hosts", "devices_per_host", "chain_length", "computations", "repeats"):
+    if getattr(spec, name) < 1:
+      raise UsageError(f"tf: {name}={getattr(spec, name)}; it must be >= 1")
+  if spec.mode != "opbyop" and spec.computations % spec.chain_length:
+    raise UsageError(f"tf: computations={spec.computations} is not a multiple of "
+                     f"chain_length={spec.chain_length}; make it one")
+  if spec.matmul_n < 0:
+    raise UsageError(f"tf: matmul_n={spec.matmul_n}; it must be >= 0")
+  if not spec.timeout_s > 0:
+    raise UsageError(f"tf: timeout_s={spec.timeout_s}; it must be > 0")
+
+
+def _remaining_ms(deadline: float) -> int:
+  """Milliseconds left until the run's deadline; TimeoutError when none are."""
+  left = deadline - time.monotonic()
+  if left <= 0:
+    raise TimeoutError("tf: the run passed its timeout_s")
+  return max(1, int(left * 1000))
+
+
+class _Program:
+  """The client's graph: one int32 variable per device and the step one call runs."""
+
+  def __init__(self, tf, spec):
+    self.devices = device_names(spec)
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      xs, matrices = [], []
+      for device in self.devices:
+        with tf.device(device):
+          xs.append(tf.compat.v1.Variable(0, dtype=tf.int32, name=variable_name(device)))
+          if spec.matmul_n:
+            n = spec.matmul_n
+            matrices.append(tf.compat.v1.Variable(
+                tf.zeros([n, n], tf.float32), name=variable_name(device, "a")))
+      self.init = tf.compat.v1.variables_initializer(xs + matrices)
+      self.reads = [x.read_value() for x in xs]
+
+      def computation(values):
+        return _computation(tf, self.devices, matrices, values)
+
+      values = [x.read_value() for x in xs]
+      if spec.mode == "opbyop":
+        values = computation(values)
+        self.computations_per_call = 1
+      elif spec.mode == "chained":
+        for _ in range(spec.chain_length):
+          values = computation(values)
+        self.computations_per_call = spec.chain_length
+      else:
+        values = _loop(tf, computation, values, spec.chain_length)
+        self.computations_per_call = spec.chain_length
+      self.step = tf.group(*[x.assign(v) for x, v in zip(xs, values)], name="step")
+
+
+def _computation(tf, devices, matrices, values):
+  """x <- sum(x) // num_devices + 1 on every device (+ int(A @ A [0, 0]) first)."""
+  if matrices:
+    values = [_plus_matmul(tf, x, a, device)
+              for x, a, device in zip(values, matrices, devices)]
+  with tf.device(devices[0]):
+    total = tf.math.add_n(values)
+  out = []
+  for device in devices:
+    with tf.device(device):
+      out.append(total // len(devices) + 1)
+  return out
+
+
+def _plus_matmul(tf, x, a, device):
+  with tf.device(device):
+    with tf.control_dependencies([x]):  # a read per computation, after the previous one
+      value = a.read_value()
+    product = tf.linalg.matmul(value, value)
+    return x + tf.cast(product[0, 0], tf.int32)
+
+
+def _loop(tf, computation, values, length):
+  """chain_length computations in one TF1 while_loop (see the module docstring)."""
+  was_v2 = tf.compat.v1.control_flow_v2_enabled()
+  tf.compat.v1.disable_control_flow_v2()
+  try:
+    _, *final = tf.compat.v1.while_loop(
+        lambda i, *xs: i < length,
+        lambda i, *xs: [i + 1] + computation(list(xs)),
+        [tf.constant(0)] + values)
+  finally:
+    if was_v2:
+      tf.compat.v1.enable_control_flow_v2()
+  return final
+
+
+def _check_devices(session, devices) -> None:
+  listed = {d.name for d in session.list_devices()}
+  missing = [d for d in devices if d not in listed]
+  if missing:
+    raise RuntimeError(f"tf: the cluster lacks devices {missing}; it lists "
+                       f"{sorted(listed)}")
+
+
+def _measure(tf, session, program, spec, deadline) -> list:
+  options = tf.compat.v1.RunOptions(timeout_in_ms=_remaining_ms(deadline))
+  session.run(program.init, options=options)
+  step = session.make_callable(program.step, accept_options=True)
+  calls = spec.calls_per_repeat
+  done = 0
+  seconds = []
+  for repeat in range(spec.repeats + 1):  # repeat 0 is the untimed warmup
+    start = time.perf_counter()
+    for _ in range(calls):
+      options.timeout_in_ms = _remaining_ms(deadline)
+      step(options=options)
+    elapsed = time.perf_counter() - start
+    done += calls * program.computations_per_call
+    options.timeout_in_ms = _remaining_ms(deadline)
+    values = session.run(program.reads, options=options)
+    for device, value in zip(program.devices, values):
+      micro.check(value, done, f"tf {spec.mode} repeat {repeat} on {device}")
+    if repeat:
+      seconds.append(elapsed)
+  return seconds
+
+
+def _close(session) -> None:
+  """Closes the session; gives up waiting after CLOSE_WAIT_S (its master may be dead).
+
+  Closing talks to the master with fail-fast off, so with a dead master it waits out
+  operation_timeout_in_ms; that wait is left to a daemon thread.
+  """
+  def close():
+    try:
+      session.close()
+    except Exception:  # pylint: disable=broad-except  # best effort, already failing
+      pass
+
+  closer = threading.Thread(target=close, name="tf-session-close", daemon=True)
+  closer.start()
+  closer.join(CLOSE_WAIT_S)
+
+
+def _explain(tf, error, cluster, spec, deadline):
+  """A clearer exception for a TF error, or None to re-raise it as it is.
+
+  A dead worker is named first: when worker 0 (the master) dies, the client's call
+  only fails at the deadline, as a DeadlineExceededError.
+  """
+  exited = cluster.exited()
+  if exited:
+    return RuntimeError(cluster.describe(exited[0]))
+  if isinstance(error, tf.errors.DeadlineExceededError) or time.monotonic() >= deadline:
+    return TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} "
+                        f"({spec.mode}, hosts={spec.hosts})")
+  return None
+
+
+class _Cluster:
+  """The worker processes: started on free loopback ports, always stopped."""
+
+  def __init__(self, spec, deadline, log_dir):
+    self._spec = spec
+    self._deadline = deadline
+    self._log_dir = log_dir
+    self._procs = []
+    self.addresses = []
+
+  @property
+  def target(self) -> str:
+    return f"grpc://{self.addresses[0]}"
+
+  def _log_path(self, task: int) -> str:
+    return os.path.join(self._log_dir, f"worker{task}.log")
+
+  def start(self) -> None:
+    self.addresses = [f"127.0.0.1:{port}" for port in _free_loopback_ports(self._spec.hosts)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    lifetime_s = max(0.0, self._deadline - time.monotonic()) + LIFETIME_MARGIN_S
+    for task in range(self._spec.hosts):
+      command = [sys.executable, "-m", SERVER_MODULE, f"--workers={','.join(self.addresses)}",
+                 f"--task={task}", f"--devices={self._spec.devices_per_host}",
+                 f"--lifetime_s={lifetime_s:.0f}"]
+      with open(self._log_path(task), "wb") as log:
+        self._procs.append(subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True))
+
+  def wait_until_serving(self) -> None:
+    waiting = set(range(self._spec.hosts))
+    while True:
+      exited = self.exited()
+      if exited:
+        raise RuntimeError(self.describe(exited[0]))
+      waiting = {task for task in waiting if READY_MARKER not in self._log(task)}
+      if not waiting:
+        return
+      if time.monotonic() >= self._deadline:
+        raise TimeoutError(f"tf: workers {sorted(waiting)} were not serving within "
+                           f"timeout_s={self._spec.timeout_s}")
+      time.sleep(POLL_S)
+
+  def exited(self) -> list:
+    """(task, exit code) of each worker that is no longer running."""
+    return [(task, p.poll()) for task, p in enumerate(self._procs) if p.poll() is not None]
+
+  def describe(self, task_and_code) -> str:
+    task, code = task_and_code
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    lines = [line for line in self._log(task)[-LOG_TAIL_CHARS:].splitlines()
+             if line.strip() and not _ABSL_NOISE.match(line)]
+    tail = " | ".join(lines[-10:]) or "(nothing but TF start-up notices)"
+    return (f"tf: worker {task} (pid {self._procs[task].pid}, {self.addresses[task]}) "
+            f"{how}; its log ends: {tail}")
+
+  def _log(self, task: int) -> str:
+    try:
+      with open(self._log_path(task), "rb") as f:
+        return f.read().decode(errors="replace")
+    except OSError:
+      return ""
+
+  def stop(self) -> None:
+    """SIGTERM to every worker's process group, SIGKILL to any left after the grace.
+
+    A Ctrl-C while waiting out the grace SIGKILLs them all at once, then propagates.
+    """
+    try:
+      for p in self._procs:
+        if p.poll() is None:
+          _signal_group(p, signal.SIGTERM)
+          _signal_group(p, signal.SIGCONT)  # a stopped server handles SIGTERM too
+      give_up = time.monotonic() + STOP_GRACE_S
+      for p in self._procs:
+        try:
+          p.wait(timeout=max(0.0, give_up - time.monotonic()))
+        except subprocess.TimeoutExpired:
+          _signal_group(p, signal.SIGKILL)
+          p.wait()
+    except KeyboardInterrupt:
+      for p in self._procs:
+        _signal_group(p, signal.SIGKILL)
+      for p in self._procs:
+        p.wait()
+      raise
+
+
+def _signal_group(p, sig) -> None:
+  try:
+    os.killpg(p.pid, sig)  # the server and anything it started
+  except ProcessLookupError:
+    pass
+
+
+def _free_loopback_ports(count: int) -> list:
+  """count distinct ports free on 127.0.0.1 now (a later bind can still lose a race)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      sockets.append(s)
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
