@@ -32,24 +32,47 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def free_loopback_ports(count: int) -> list:
+  """count distinct ports free on 127.0.0.1 now (a later bind can still lose a race)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      sockets.append(s)
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
 def free_loopback_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  return free_loopback_ports(1)[0]
 
 
 def stop(procs: list, grace_s: float) -> None:
-  """SIGTERM to each still-running process group, then SIGKILL whatever remains."""
-  for p in procs:
-    if p.poll() is None:
-      _signal_group(p, signal.SIGTERM)
-  deadline = time.monotonic() + grace_s
-  for p in procs:
-    try:
-      p.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+  """SIGTERM to each still-running process group, then SIGKILL whatever remains.
+
+  A Ctrl-C while waiting out the grace SIGKILLs them all at once, then propagates.
+  """
+  try:
+    for p in procs:
+      if p.poll() is None:
+        _signal_group(p, signal.SIGTERM)
+        _signal_group(p, signal.SIGCONT)  # a stopped (paused) process handles it too
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+      try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        _signal_group(p, signal.SIGKILL)
+        p.wait()
+  except KeyboardInterrupt:
+    for p in procs:
       _signal_group(p, signal.SIGKILL)
+    for p in procs:
       p.wait()
+    raise
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:

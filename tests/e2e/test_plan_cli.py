@@ -1,7 +1,6 @@
 """tf_tput.plan: the arithmetic of any config, without building it."""
 
 import json
-import pathlib
 
 import pytest
 

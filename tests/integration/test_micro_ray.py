@@ -4,7 +4,6 @@ Each run starts a private Ray cluster (a few seconds on two cores) and must stop
 of it: after every test, no process created during the test is left running.
 """
 
-import os
 import time
 import uuid
 

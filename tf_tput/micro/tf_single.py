@@ -69,8 +69,6 @@ at most CLOSE_WAIT_S for the session's close and STOP_GRACE_S for the servers.
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,7 +76,7 @@ import threading
 import time
 
 import tf_tput
-from tf_tput import micro
+from tf_tput import micro, processes
 from tf_tput.errors import UsageError
 
 MODES = ("opbyop", "chained", "fused")
@@ -313,7 +311,7 @@ class _Cluster:
     return os.path.join(self._log_dir, f"worker{task}.log")
 
   def start(self) -> None:
-    self.addresses = [f"127.0.0.1:{port}" for port in _free_loopback_ports(self._spec.hosts)]
+    self.addresses = [f"127.0.0.1:{port}" for port in processes.free_loopback_ports(self._spec.hosts)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -363,46 +361,5 @@ class _Cluster:
       return ""
 
   def stop(self) -> None:
-    """SIGTERM to every worker's process group, SIGKILL to any left after the grace.
-
-    A Ctrl-C while waiting out the grace SIGKILLs them all at once, then propagates.
-    """
-    try:
-      for p in self._procs:
-        if p.poll() is None:
-          _signal_group(p, signal.SIGTERM)
-          _signal_group(p, signal.SIGCONT)  # a stopped server handles SIGTERM too
-      give_up = time.monotonic() + STOP_GRACE_S
-      for p in self._procs:
-        try:
-          p.wait(timeout=max(0.0, give_up - time.monotonic()))
-        except subprocess.TimeoutExpired:
-          _signal_group(p, signal.SIGKILL)
-          p.wait()
-    except KeyboardInterrupt:
-      for p in self._procs:
-        _signal_group(p, signal.SIGKILL)
-      for p in self._procs:
-        p.wait()
-      raise
-
-
-def _signal_group(p, sig) -> None:
-  try:
-    os.killpg(p.pid, sig)  # the server and anything it started
-  except ProcessLookupError:
-    pass
-
-
-def _free_loopback_ports(count: int) -> list:
-  """count distinct ports free on 127.0.0.1 now (a later bind can still lose a race)."""
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sockets.append(s)
-      s.bind(("127.0.0.1", 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+    """SIGTERM to every worker's process group, SIGKILL to any left after the grace."""
+    processes.stop(self._procs, STOP_GRACE_S)
