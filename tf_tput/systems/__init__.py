@@ -12,6 +12,8 @@
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
+tf_tput.parity also uses two optional Trainer methods, which both systems have:
+export_variables() -> {mtf variable name: numpy array} and load_variables(values).
 Modules are imported only when chosen, so choosing a system loads only its framework.
 """
 
