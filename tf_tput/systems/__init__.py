@@ -12,8 +12,8 @@
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
-tf_tput.parity also uses two optional Trainer methods, which both systems have:
-export_variables() -> {mtf variable name: numpy array} and load_variables(values).
+tf_tput.parity also uses two optional Trainer methods: export_variables() ->
+{mtf variable name: numpy array} (mtf, jax) and load_variables(values) (jax).
 Modules are imported only when chosen, so choosing a system loads only its framework.
 """
 
