@@ -6,10 +6,8 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
-import psutil
-
+import process_checks
 from tf_tput import micro, results
 
 from cli_helpers import REPO, error_lines, run_cli
@@ -20,23 +18,12 @@ FAST = ["--hosts=1,2", "--devices_per_host=2", "--chain_length=8", "--computatio
 
 def _marked_env() -> dict:
   """The environment for a run whose every descendant can be found again."""
-  marker = uuid.uuid4().hex
   return dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
-              TF_TPUT_TEST_MARKER=marker)
+              **{process_checks.MARK: process_checks.new_mark()})
 
 
-def _left_running(env: dict) -> list:
-  """Live processes (zombies excluded) that inherited this run's marker."""
-  time.sleep(1.0)  # a SIGKILLed process needs a moment to be reaped
-  alive = []
-  for p in psutil.process_iter(["pid", "status", "cmdline"]):
-    try:
-      marked = p.environ().get("TF_TPUT_TEST_MARKER") == env["TF_TPUT_TEST_MARKER"]
-    except (psutil.AccessDenied, psutil.NoSuchProcess):
-      continue
-    if marked and p.info["pid"] != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
-      alive.append(" ".join(p.info["cmdline"] or [])[:120])
-  return alive
+def _left_running(env: dict, since: float) -> list:
+  return process_checks.left_running(since, env[process_checks.MARK])
 
 
 def _micro(*args, env):
@@ -49,7 +36,7 @@ def _ray_installed() -> bool:
 
 
 def test_every_system_and_mode_runs_checks_and_cleans_up(tmp_path):
-  env = _marked_env()
+  env, since = _marked_env(), time.time() - 1.0
   out = tmp_path / "micro.jsonl"
   proc = _micro("--systems=tf,jax,ray", *FAST, f"--results={out}", env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,7 +55,7 @@ def test_every_system_and_mode_runs_checks_and_cleans_up(tmp_path):
       assert r["computations_per_sec"] > 0 and len(r["repeats"]) == 1
       assert r["hosts"] * r["devices_per_host"] == 2 * hosts
   assert "bare loop" in proc.stdout
-  assert _left_running(env) == []
+  assert _left_running(env, since) == []
 
 
 def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
@@ -89,7 +76,7 @@ def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
 
 
 def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
-  env = _marked_env()
+  env, since = _marked_env(), time.time() - 1.0
   out = tmp_path / "micro.jsonl"
   proc = subprocess.Popen(
       [sys.executable, "-m", "tf_tput.micro", "--systems=jax,tf", "--modes=opbyop",
@@ -107,7 +94,7 @@ def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
   assert len(error_lines(stderr)) == 1 and "interrupted" in error_lines(stderr)[0]
   for line in out.read_text().splitlines() if out.exists() else []:
     results.validate(json.loads(line))
-  assert _left_running(env) == []
+  assert _left_running(env, since) == []
 
 
 def test_bad_flags_are_one_line_errors(tmp_path):

@@ -4,19 +4,14 @@ Each run starts a private Ray cluster (a few seconds on two cores) and must stop
 of it: after every test, no process created during the test is left running.
 """
 
-import time
-import uuid
-
 import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("torch")
-import psutil  # noqa: E402  (after ray: the copy Ray vendors, like the module's)
-
 from tf_tput import micro  # noqa: E402
 from tf_tput.micro import ray_actors  # noqa: E402
 
-MARK = "TF_TPUT_TEST_PROCESS_MARK"
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
 def fast_spec(mode, hosts=2, **overrides):
@@ -24,34 +19,6 @@ def fast_spec(mode, hosts=2, **overrides):
                 timeout_s=120.0)
   fields.update(overrides)
   return micro.Spec("ray", mode, hosts, **fields)
-
-
-def started_since(start: float, mark: str) -> list:
-  """Live processes created since `start` by this test: descendants of this process,
-  or carrying its mark in their environment (orphans keep it). Others' processes on
-  a shared machine are not this test's."""
-  me = psutil.Process()
-  mine = {p.pid for p in me.children(recursive=True)}
-  found = []
-  for p in psutil.process_iter():
-    try:
-      if p.pid == me.pid or p.create_time() < start or (
-          p.status() == psutil.STATUS_ZOMBIE):
-        continue
-      if p.pid in mine or p.environ().get(MARK) == mark:
-        found.append(f"{p.pid} {p.name()} {' '.join(p.cmdline())[:120]}")
-    except psutil.Error:
-      continue
-  return found
-
-
-@pytest.fixture(autouse=True)
-def no_process_outlives_the_test(monkeypatch):
-  mark = uuid.uuid4().hex
-  monkeypatch.setenv(MARK, mark)
-  start = time.time() - 0.05  # create_time has the kernel's tick resolution
-  yield
-  assert not started_since(start, mark), "left running after run()"
 
 
 def test_ray_is_available():

@@ -1,7 +1,7 @@
 """TF single-controller micro-benchmark: every mode runs, checks bite, servers never leak.
 
 Each run starts real tf.distribute.Server processes on loopback. After every test,
-no process this test process started is left running (the autouse fixture).
+no process this test started is left running (tests/conftest.py).
 """
 
 import os
@@ -15,19 +15,7 @@ from tf_tput import micro
 from tf_tput.micro import tf_single
 
 
-@pytest.fixture(autouse=True)
-def no_process_left_behind():
-  started = time.time() - 1.0  # create_time has coarse resolution
-  yield
-  me = psutil.Process()
-  left = []
-  for p in me.children(recursive=True):
-    try:
-      if p.create_time() >= started and p.status() != psutil.STATUS_ZOMBIE:
-        left.append((p.pid, " ".join(p.cmdline())))
-    except psutil.NoSuchProcess:
-      pass
-  assert not left, f"processes still running after run(): {left}"
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
 def _spec(mode, hosts=2, **overrides):

@@ -1,0 +1,37 @@
+"""The one way tests find processes a run left behind.
+
+A test marks its environment (MARK = a fresh id); every process it starts, and every
+process those start, inherits the mark, orphans included. A process counts as left
+behind when it is alive (not a zombie), was created after the test began, and is a
+descendant of the test process or carries the test's mark. Other processes on a
+shared machine are not the test's.
+"""
+
+import time
+import uuid
+
+import psutil
+
+MARK = "TF_TPUT_TEST_PROCESS_MARK"
+
+
+def new_mark() -> str:
+  return uuid.uuid4().hex
+
+
+def left_running(since: float, mark: str, settle_s: float = 1.0) -> list:
+  """'pid name cmdline' of each process the marked run left alive."""
+  time.sleep(settle_s)  # a SIGKILLed process needs a moment to be reaped
+  me = psutil.Process()
+  mine = {p.pid for p in me.children(recursive=True)}
+  found = []
+  for p in psutil.process_iter():
+    try:
+      if (p.pid == me.pid or p.create_time() < since
+          or p.status() == psutil.STATUS_ZOMBIE):
+        continue
+      if p.pid in mine or p.environ().get(MARK) == mark:
+        found.append(f"{p.pid} {p.name()} {' '.join(p.cmdline())[:120]}")
+    except psutil.Error:
+      continue
+  return found
