@@ -1,12 +1,23 @@
-"""Starts a local multi-process run on loopback and stops every process it started.
+"""Starts a local cluster on loopback, runs a command in it, and stops every process.
+
+JAX processes (N copies of the command, joined by jax.distributed):
 
     python -m tf_tput.launch --num_processes=2 -- \
         python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
 
 Each process gets TF_TPUT_COORDINATOR (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES
-and TF_TPUT_PROCESS_ID; tf_tput.topology joins them with jax.distributed. When any
-process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL after
---grace_s) and exits non-zero; Ctrl-C stops them all the same way.
+and TF_TPUT_PROCESS_ID; tf_tput.topology joins them with jax.distributed.
+
+A TF cluster (N tf.distribute.Server workers, the command as their chief):
+
+    python -m tf_tput.launch --num_workers=2 --devices_per_worker=2 -- \
+        python -m tf_tput.train --system=mtf --strategy=multi_worker ...
+
+The workers (tf_tput.tf_server) listen on free loopback ports (or --port onwards) and
+must serve within --start_timeout_s; the command gets TF_CONFIG naming it the chief.
+
+When any process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL
+after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
 """
 
 import sys
@@ -14,28 +25,63 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import processes
+from tf_tput import processes, tf_workers
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_processes", 2, "Processes to start, each running the command.")
+flags.DEFINE_integer("num_processes", None, "JAX: processes to start, each running the "
+                     "command.")
+flags.DEFINE_integer("num_workers", None, "TF: worker servers to start; the command runs "
+                     "as the cluster's chief.")
+flags.DEFINE_integer("devices_per_worker", 1, "TF: logical CPU devices per worker.")
+flags.DEFINE_integer("port", 0, "TF: first of num_workers + 1 consecutive loopback ports "
+                     "(chief, then workers); 0 picks free ports.")
+flags.DEFINE_float("start_timeout_s", 60.0, "TF: seconds the workers get to start serving.")
 flags.DEFINE_float("grace_s", 5.0, "Seconds between SIGTERM and SIGKILL when stopping.")
 flags.DEFINE_float("timeout_s", None, "Stop everything and fail after this many seconds.")
+
+
+def _usage(message: str) -> int:
+  print(f"error: {message}", file=sys.stderr)
+  return 2
+
+
+def _tf_cluster(command) -> int:
+  for name in ("num_workers", "devices_per_worker"):
+    if FLAGS[name].value < 1:
+      return _usage(f"--{name}={FLAGS[name].value}; it must be >= 1")
+  if not FLAGS.start_timeout_s > 0:
+    return _usage(f"--start_timeout_s={FLAGS.start_timeout_s}; it must be > 0")
+  ports = None
+  if FLAGS.port:
+    ports = list(range(FLAGS.port, FLAGS.port + FLAGS.num_workers + 1))
+    if ports[-1] > 65535:
+      return _usage(f"--port={FLAGS.port} leaves no room for {len(ports)} ports; choose "
+                    "a lower one")
+    busy = tf_workers.busy_ports(ports)
+    if busy:
+      return _usage(f"--port={FLAGS.port}: port(s) {', '.join(map(str, busy))} of "
+                    f"{ports[0]}-{ports[-1]} are in use; choose another --port or leave it "
+                    "unset for free ports")
+  return tf_workers.launch(command, FLAGS.num_workers, FLAGS.devices_per_worker,
+                           FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s, ports)
 
 
 def main(argv) -> int:
   command = argv[1:]
   if not command:
-    print("error: no command to launch; put it after --, e.g. python -m tf_tput.launch "
-          "--num_processes=2 -- python -m tf_tput.train --system=jax ...", file=sys.stderr)
-    return 2
-  if FLAGS.num_processes < 1:
-    print(f"error: --num_processes={FLAGS.num_processes}; it must be >= 1", file=sys.stderr)
-    return 2
+    return _usage("no command to launch; put it after --, e.g. python -m tf_tput.launch "
+                  "--num_processes=2 -- python -m tf_tput.train --system=jax ...")
+  if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
+    return _usage("give exactly one of --num_processes=N (JAX processes) or "
+                  "--num_workers=N (TF workers, the command as their chief)")
   try:
+    if FLAGS.num_workers is not None:
+      return _tf_cluster(command)
+    if FLAGS.num_processes < 1:
+      return _usage(f"--num_processes={FLAGS.num_processes}; it must be >= 1")
     return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s, FLAGS.timeout_s)
   except processes.StartError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+    return _usage(str(e))
 
 
 if __name__ == "__main__":

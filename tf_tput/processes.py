@@ -1,12 +1,15 @@
-"""Local processes on loopback: start N copies of a command, watch them, stop them all.
+"""Local processes on loopback: start them, watch them, stop them all.
 
-Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks. Each
-process gets TF_TPUT_COORDINATOR (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES
-and TF_TPUT_PROCESS_ID (tf_tput.topology reads them). When any process fails, it is
-named and the others are stopped (SIGTERM to its process group, then SIGKILL);
-Ctrl-C and SIGTERM stop them all the same way.
+Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks.
+launch(): N copies of a command (JAX processes); each gets TF_TPUT_COORDINATOR
+(127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES and TF_TPUT_PROCESS_ID
+(tf_tput.topology reads them). launch_tf_cluster(): N TF workers, then the command as
+the cluster's chief (TF_CONFIG). When any process fails, it is named and the others
+are stopped (SIGTERM to its process group, then SIGKILL); Ctrl-C and SIGTERM stop them
+all the same way.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -82,6 +85,38 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
     pass
 
 
+def popen(command: list, die_with_parent: bool = True, **kwargs) -> subprocess.Popen:
+  """Starts `command` in its own session (so its whole group can be signalled)."""
+  try:
+    return subprocess.Popen(command, start_new_session=True,
+                            preexec_fn=_die_with_parent if die_with_parent else None,
+                            **kwargs)
+  except OSError as e:
+    raise StartError(f"cannot start {command[0]!r}: {e.strerror}; check the "
+                     "command after --") from None
+
+
+@contextlib.contextmanager
+def recording_signals():
+  """Within: SIGINT/SIGTERM are appended to the yielded list instead of acting."""
+  interrupted = []
+
+  def on_signal(signum, frame):
+    del frame
+    interrupted.append(signum)
+
+  previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    yield interrupted
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
+def how(code: int) -> str:
+  return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def launch(command: list, num_processes: int, grace_s: float,
            timeout_s: float = None, reraise_interrupt: bool = False) -> int:
   """Runs `command` in num_processes processes; 0 when all succeed.
@@ -91,51 +126,43 @@ def launch(command: list, num_processes: int, grace_s: float,
   """
   coordinator = f"127.0.0.1:{free_loopback_port()}"
   procs = []
-  interrupted = []
+  with recording_signals() as interrupted:
+    try:
+      return _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
+                         coordinator, procs, interrupted)
+    finally:
+      stop(procs, grace_s)  # no orphans, whatever happened
 
-  def on_signal(signum, frame):
-    del frame
-    interrupted.append(signum)
 
-  previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-  try:
-    for index in range(num_processes):
-      env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
-                                topology.NUM_PROCESSES_ENV: str(num_processes),
-                                topology.PROCESS_ID_ENV: str(index)})
-      try:
-        procs.append(subprocess.Popen(command, env=env, start_new_session=True,
-                                      preexec_fn=_die_with_parent))
-      except OSError as e:
-        raise StartError(f"cannot start {command[0]!r}: {e.strerror}; check the "
-                         "command after --") from None
-    started = time.monotonic()
-    while True:
-      if interrupted:
-        stop(procs, grace_s)
-        if reraise_interrupt:
-          raise KeyboardInterrupt
-        print(f"error: interrupted by signal {interrupted[0]}; stopped all "
-              f"{num_processes} processes", file=sys.stderr)
-        return 128 + interrupted[0]
-      codes = [p.poll() for p in procs]
-      failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-      if failed:
-        index, code = failed[0]
-        stop(procs, grace_s)
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        print(f"error: process {index} (pid {procs[index].pid}) {how}; stopped the other "
-              f"{num_processes - 1}", file=sys.stderr)
-        return 1
-      if all(c == 0 for c in codes):
-        return 0
-      if timeout_s is not None and time.monotonic() - started > timeout_s:
-        stop(procs, grace_s)
-        print(f"error: --timeout_s={timeout_s} passed; stopped all {num_processes} "
-              "processes", file=sys.stderr)
-        return 1
-      time.sleep(POLL_S)
-  finally:
-    stop(procs, grace_s)  # no orphans, whatever happened above
-    for sig, handler in previous.items():
-      signal.signal(sig, handler)
+def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
+                coordinator, procs, interrupted) -> int:
+  for index in range(num_processes):
+    env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
+                              topology.NUM_PROCESSES_ENV: str(num_processes),
+                              topology.PROCESS_ID_ENV: str(index)})
+    procs.append(popen(command, env=env))
+  started = time.monotonic()
+  while True:
+    if interrupted:
+      stop(procs, grace_s)
+      if reraise_interrupt:
+        raise KeyboardInterrupt
+      print(f"error: interrupted by signal {interrupted[0]}; stopped all "
+            f"{num_processes} processes", file=sys.stderr)
+      return 128 + interrupted[0]
+    codes = [p.poll() for p in procs]
+    failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+    if failed:
+      index, code = failed[0]
+      stop(procs, grace_s)
+      print(f"error: process {index} (pid {procs[index].pid}) {how(code)}; stopped the "
+            f"other {num_processes - 1}", file=sys.stderr)
+      return 1
+    if all(c == 0 for c in codes):
+      return 0
+    if timeout_s is not None and time.monotonic() - started > timeout_s:
+      stop(procs, grace_s)
+      print(f"error: --timeout_s={timeout_s} passed; stopped all {num_processes} "
+            "processes", file=sys.stderr)
+      return 1
+    time.sleep(POLL_S)

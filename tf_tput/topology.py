@@ -1,18 +1,25 @@
 """Which devices a run uses, per framework, and how fast their matmuls are.
 
-Resolution happens once, before any model is built: `--num_cpu_devices=N` splits the
-host CPU into N virtual devices (they share its cores); otherwise GPUs are used when
-present, else the one CPU device. A JAX process started by `tf_tput.launch` joins the
-others through jax.distributed (loopback coordinator, gloo CPU collectives); its
-`num_cpu_devices` are then per process.
+Resolution happens once, before any model is built. Strategies:
+  local         `--num_cpu_devices=N` splits the host CPU into N virtual devices (they
+                share its cores); otherwise GPUs are used when present, else the one
+                CPU device. A JAX process started by `tf_tput.launch --num_processes`
+                joins the others through jax.distributed (loopback coordinator, gloo
+                CPU collectives; strategy "multi_process"); its `num_cpu_devices` are
+                then per process.
+  multi_worker  TF only: this process is the chief of the TF_CONFIG cluster and its
+                devices are every worker's (tf_tput.cluster).
+  tpu           TF only: a Cloud TPU through TPUClusterResolver (tf_tput.tpu).
 """
 
 import dataclasses
 import os
 from typing import Callable, Optional
 
-from tf_tput import provenance
+from tf_tput import cluster, provenance
 from tf_tput.errors import UsageError
+
+STRATEGIES = ("local", "multi_worker", "tpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,13 +29,23 @@ class Topology:
   devices: tuple             # framework device names, in mesh order
   device_kind: str           # e.g. "NVIDIA H100 80GB HBM3", or the CPU model
   num_processes: int = 1
+  strategy: str = "local"    # "local" | "multi_process" | "multi_worker" | "tpu"
+  session_target: str = ""   # TF: "" runs in this process; grpc://... a cluster's master
+  workers: tuple = ()        # multi_worker: cluster.Worker entries, devices listed
+  shares_host_cpu: bool = True  # every device runs on this host's CPU cores
+  # Objects the run needs alive: the chief's tf.distribute.Server, TPU handles.
+  handles: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @property
   def num_devices(self) -> int:
     return len(self.devices)
 
   def describe(self) -> list:
-    """The `accelerators` entry of a record's env."""
+    """The `accelerators` entry of a record's env: per worker in a cluster."""
+    if self.workers:
+      return [{"platform": self.platform, "kind": self.device_kind,
+               "count": len(w.devices), "task": w.task, "address": w.address}
+              for w in self.workers]
     return [{"platform": self.platform, "kind": self.device_kind,
              "count": self.num_devices}]
 
@@ -45,12 +62,45 @@ def launched_processes() -> tuple:
           int(os.environ.get(PROCESS_ID_ENV, "0")))
 
 
-def resolve(framework: str, num_cpu_devices: Optional[int]) -> Topology:
+def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "local",
+            cluster_timeout_s: float = 60.0, tpu_address=None) -> Topology:
+  if strategy == "multi_worker":
+    return _resolve_tf_cluster(cluster_timeout_s)
+  if strategy == "tpu":
+    from tf_tput import tpu
+    return tpu.resolve(tpu_address)
   if framework == "tf":
     return _resolve_tf(num_cpu_devices)
   if framework == "jax":
     return _resolve_jax(num_cpu_devices)
   raise UsageError(f"no topology resolver for framework {framework!r}")
+
+
+def _resolve_tf_cluster(cluster_timeout_s: float) -> Topology:
+  """Joins the TF_CONFIG cluster as its chief; the mesh spans every worker's devices."""
+  chief, workers = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""))
+  cluster.check_port_free(chief)
+  cluster.wait_for_workers(workers, cluster_timeout_s)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf
+
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                task_index=resolver.task_id, start=True)
+  # CreateSession and ListDevices wait for every worker; bound that wait.
+  config = tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=int(cluster_timeout_s * 1000))
+  with tf.compat.v1.Session(server.target, config=config) as session:
+    listed = [d.name for d in session.list_devices()]
+  workers = cluster.with_devices(workers, listed)
+  devices = tuple(d for w in workers for d in w.devices)
+  gpu = "/device:GPU:" in devices[0]
+  loopback = all(w.address.startswith(("127.", "localhost:", "[::1]")) for w in workers)
+  kind = ("GPU" if gpu else provenance.cpu_model() if loopback else "remote host CPU")
+  return Topology("tf", "gpu" if gpu else "cpu", devices, kind,
+                  num_processes=len(workers), strategy="multi_worker",
+                  session_target=server.target, workers=tuple(workers),
+                  shares_host_cpu=loopback and not gpu, handles={"server": server})
 
 
 def _resolve_tf(num_cpu_devices: Optional[int]) -> Topology:
@@ -89,7 +139,8 @@ def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
   platform = devices[0].platform
   kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind
   return Topology("jax", platform, tuple(str(d) for d in devices), kind,
-                  num_processes=jax.process_count())
+                  num_processes=jax.process_count(),
+                  strategy="multi_process" if num_processes > 1 else "local")
 
 
 def matmul_runner(topology: Topology, n: int, dtype: str) -> Callable[[], None]:
@@ -103,6 +154,8 @@ def matmul_runner(topology: Topology, n: int, dtype: str) -> Callable[[], None]:
     return lambda: matmul(a, a).block_until_ready()
   import tensorflow as tf
 
+  if topology.session_target:
+    return _session_matmul_runner(tf, topology, n, dtype)
   with tf.device(topology.devices[0]):
     a = tf.random.normal([n, n], dtype=tf.float32)
     a = tf.cast(a, dtype)
@@ -112,3 +165,14 @@ def matmul_runner(topology: Topology, n: int, dtype: str) -> Callable[[], None]:
     with tf.device(topology.devices[0]):
       float(tf.cast(tf.matmul(a, b)[0, 0], tf.float32))  # reading a value waits
   return run
+
+
+def _session_matmul_runner(tf, topology: Topology, n: int, dtype: str):
+  """The matmul on the first device of a cluster, run through the cluster's master."""
+  graph = tf.Graph()
+  with graph.as_default(), tf.device(topology.devices[0]):
+    a = tf.Variable(tf.cast(tf.random.normal([n, n]), dtype))
+    corner = tf.cast(tf.matmul(a, a)[0, 0], tf.float32)
+  session = tf.compat.v1.Session(topology.session_target, graph=graph)
+  session.run(a.initializer)
+  return lambda: session.run(corner)

@@ -17,8 +17,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import benchmark, config, data, errors, metrics, models, provenance, results
-from tf_tput import systems, topology as topology_lib
+from tf_tput import benchmark, cluster, config, data, errors, metrics, models, provenance
+from tf_tput import results, systems, topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
@@ -36,14 +36,28 @@ flags.DEFINE_integer("warmup_steps", None, "Unmeasured first steps, >= 1 "
                      "(overrides TrainConfig.warmup_steps).")
 flags.DEFINE_integer("global_batch", None, "Examples per step over all devices "
                      "(overrides TrainConfig.global_batch).")
+flags.DEFINE_enum("strategy", "local", topology_lib.STRATEGIES,
+                  "Where the devices are. local: this process's (--num_cpu_devices, "
+                  "GPUs, or JAX processes from tf_tput.launch --num_processes). "
+                  "multi_worker (--system=mtf): this process is the chief of the "
+                  "TF_CONFIG cluster and drives every worker's devices in one graph "
+                  "(tf_tput.launch --num_workers sets it up on loopback). tpu "
+                  "(--system=mtf): a Cloud TPU named by --tpu; NOT exercised by CI or "
+                  "by the tests beyond the connection (no TPU there).")
+flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait for "
+                   "every worker to answer before giving up.")
+flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, or grpc://host:8470.")
+flags.DEFINE_string("tpu_zone", None, "tpu: its GCP zone (unset: from the metadata).")
+flags.DEFINE_string("gcp_project", None, "tpu: its GCP project (unset: from the metadata).")
 flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
 flags.DEFINE_integer("log_every", 10, "Log progress every this many measured steps.")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
                  "global_batch": "TrainConfig.global_batch"}
-OWN_FLAGS = ("gin_file", "gin_param", "system", "results", "num_cpu_devices", "steps",
-             "warmup_steps", "global_batch", "tensorboard_dir", "log_every")
+OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
+             "steps", "warmup_steps", "global_batch", "tensorboard_dir", "log_every",
+             "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
 
 
 def _experiment() -> config.Experiment:
@@ -59,10 +73,14 @@ def _peak(topology, dtype: str) -> tuple:
     return metrics.table_peak(topology.device_kind, dtype)
   n = metrics.MATMUL_PEAK_SIZE
   whole_cpu = metrics.measure_matmul_peak(topology_lib.matmul_runner(topology, n, dtype))
-  source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on the host CPU "
-            f"({os.cpu_count()} cores) = {whole_cpu / 1e9:.0f} GFLOP/s, shared by "
-            f"{topology.num_devices} virtual device(s)")
-  return whole_cpu / topology.num_devices, source
+  # Devices that share one CPU share its peak: all of them on this host, else a worker's.
+  sharing = (topology.num_devices if topology.shares_host_cpu
+             else len(topology.workers[0].devices))
+  where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
+           else f"worker 0's CPU ({topology.workers[0].address})")
+  source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
+            f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {sharing} virtual device(s)")
+  return whole_cpu / sharing, source
 
 
 def _record(experiment, topology, measurement, summary, peak_source, num_params,
@@ -73,7 +91,7 @@ def _record(experiment, topology, measurement, summary, peak_source, num_params,
       "schema": results.SCHEMA, "run_id": run_id, "started_at": started_at,
       "status": "failed" if measurement.error else "ok", "error": measurement.error,
       "system": FLAGS.system,
-      "strategy": "local" if topology.num_processes == 1 else "multi_process",
+      "strategy": topology.strategy,
       "model": m.name, "arch": m.arch,
       "num_params": num_params, "mesh_shape": experiment.mesh.mesh_shape,
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
@@ -117,6 +135,33 @@ def _check_writable_dir(path: str, flag: str) -> None:
                      "choose another") from None
 
 
+def _check_strategy():
+  """Checks the --strategy flags before any framework starts; the TPU's address or None."""
+  strategy = FLAGS.strategy
+  if strategy != "local" and FLAGS.system != "mtf":
+    raise UsageError(f"--strategy={strategy} is for --system=mtf; --system={FLAGS.system} "
+                     "runs locally or as processes of tf_tput.launch --num_processes")
+  if strategy != "local" and FLAGS.num_cpu_devices is not None:
+    raise UsageError(f"--num_cpu_devices applies to --strategy=local; with {strategy} the "
+                     "devices come from the cluster (tf_tput.launch --devices_per_worker)")
+  if strategy == "local" and FLAGS.system == "mtf" and os.environ.get(cluster.ENV):
+    raise UsageError(f"{cluster.ENV} is set (a cluster) but --strategy=local; pass "
+                     f"--strategy=multi_worker, or unset {cluster.ENV} to run locally")
+  if strategy == "multi_worker":
+    if not FLAGS.cluster_timeout_s > 0:
+      raise UsageError(f"--cluster_timeout_s={FLAGS.cluster_timeout_s}; it must be > 0")
+    chief, _ = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""))
+    cluster.check_port_free(chief)
+  tpu_flags = {"tpu": FLAGS.tpu, "tpu_zone": FLAGS.tpu_zone, "gcp_project": FLAGS.gcp_project}
+  if strategy != "tpu":
+    given = [name for name, value in tpu_flags.items() if value]
+    if given:
+      raise UsageError(f"--{given[0]} applies to --strategy=tpu, not --strategy={strategy}")
+    return None
+  from tf_tput import tpu
+  return tpu.address_from_flags(**tpu_flags)
+
+
 def run() -> int:
   systems.check_name(FLAGS.system)
   experiment = _experiment()
@@ -125,6 +170,7 @@ def run() -> int:
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
+  tpu_address = _check_strategy()
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)
@@ -138,8 +184,11 @@ def run() -> int:
   system = systems.load(FLAGS.system)
   if num_processes > 1 and not system.multi_process:
     raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
-                     "controller); start it without tf_tput.launch")
-  topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices)
+                     "controller), not under tf_tput.launch --num_processes; for a "
+                     "cluster use tf_tput.launch --num_workers=N -- ... "
+                     "--strategy=multi_worker")
+  topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices, FLAGS.strategy,
+                                  FLAGS.cluster_timeout_s, tpu_address)
   config.validate(experiment, num_devices=topology.num_devices,
                   num_processes=num_processes)
   started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -4,6 +4,7 @@ Each run starts real tf.distribute.Server processes on loopback. After every tes
 no process this test started is left running (tests/conftest.py).
 """
 
+import json
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from tf_tput import micro
+from tf_tput import tf_workers
 from tf_tput.micro import tf_single
 
 
@@ -53,9 +55,9 @@ def test_check_raises_on_a_wrong_value():
 def _server_addresses():
   """The cluster's addresses, as the running tf_server processes were told them."""
   for p in psutil.Process().children(recursive=True):
-    for arg in p.cmdline():
-      if arg.startswith("--workers="):
-        return arg.split("=", 1)[1].split(",")
+    tf_config = p.environ().get("TF_CONFIG")
+    if tf_config:
+      return json.loads(tf_config)["cluster"]["worker"]
   raise AssertionError("no tf_server process is running")
 
 
@@ -96,7 +98,7 @@ def test_a_run_out_of_time_raises_and_stops_its_servers():
 
 
 def test_a_server_that_dies_at_start_is_named_with_its_log(monkeypatch):
-  monkeypatch.setattr(tf_single, "SERVER_MODULE", "tf_tput.micro.no_such_server")
+  monkeypatch.setattr(tf_workers, "SERVER_MODULE", "tf_tput.micro.no_such_server")
   with pytest.raises(RuntimeError, match=r"worker \d .*exited with code 1.*No module"):
     tf_single.run(_spec("opbyop"))
 

@@ -1,13 +1,14 @@
 """TF single controller: one client Session drives every host's devices (the paper's TF).
 
-Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.micro.tf_server:
-job "worker", task i, devices_per_host logical CPU devices from
-ConfigProto(device_count={"CPU": k})), on a free port of 127.0.0.1. run() starts them
-in their own sessions, waits (within spec.timeout_s) until each prints that it serves,
-checks with Session.list_devices() that every /job:worker/task:i/device:CPU:j exists,
-and stops them all in a finally: SIGTERM to each process group, SIGKILL after
-STOP_GRACE_S; on success, on any exception, on timeout and on KeyboardInterrupt. A
-server whose starter dies without that finally exits by itself (see tf_server).
+Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.tf_server
+through tf_tput.tf_workers: job "worker", task i from TF_CONFIG, devices_per_host
+logical CPU devices from ConfigProto(device_count={"CPU": k})), on a free port of
+127.0.0.1. run() starts them in their own sessions, waits (within spec.timeout_s)
+until each prints that it serves, checks with Session.list_devices() that every
+/job:worker/task:i/device:CPU:j exists, and stops them all in a finally: SIGTERM to
+each process group, SIGKILL after STOP_GRACE_S; on success, on any exception, on
+timeout and on KeyboardInterrupt. A server whose starter dies without that finally
+exits by itself (see tf_server).
 
 Loopback. Every address in the cluster, and the client's target, is 127.0.0.1, but
 TensorFlow's gRPC server listens on the wildcard address 0.0.0.0:PORT ([::] dual-stack)
@@ -67,29 +68,17 @@ worker that dies raises RuntimeError with the end of its log. Clean-up comes on 
 at most CLOSE_WAIT_S for the session's close and STOP_GRACE_S for the servers.
 """
 
-import os
-import re
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 
-import tf_tput
-from tf_tput import micro, processes
+from tf_tput import cluster as cluster_lib, micro, tf_workers
 from tf_tput.errors import UsageError
 
 MODES = ("opbyop", "chained", "fused")
 JOB = "worker"
-SERVER_MODULE = "tf_tput.micro.tf_server"
-READY_MARKER = "serving grpc://"    # what tf_server prints once its server listens
-POLL_S = 0.05
 STOP_GRACE_S = 3.0
 CLOSE_WAIT_S = 2.0                  # a session close that hangs is left behind after this
 LIFETIME_MARGIN_S = 30.0            # servers exit on their own this long after the deadline
-LOG_TAIL_CHARS = 4000
-# TF's start-up notices, printed before absl logging honours TF_CPP_MIN_LOG_LEVEL.
-_ABSL_NOISE = re.compile(r"I\d{4} |WARNING: All log messages before absl|To enable the")
 
 
 def unavailable():
@@ -114,25 +103,29 @@ def run(spec) -> list:
   deadline = time.monotonic() + spec.timeout_s
   import tensorflow as tf
   with tempfile.TemporaryDirectory(prefix="tf_tput_micro_tf_") as log_dir:
-    cluster = _Cluster(spec, deadline, log_dir)
+    lifetime_s = spec.timeout_s + LIFETIME_MARGIN_S
+    cluster = tf_workers.WorkerProcesses(
+        tf_workers.loopback_cluster(spec.hosts, with_chief=False),
+        spec.devices_per_host, log_dir, lifetime_s)
     try:
       cluster.start()
       program = _Program(tf, spec)  # built while the servers import TensorFlow
-      cluster.wait_until_serving()
+      cluster.wait_until_serving(deadline, f"timeout_s={spec.timeout_s}")
       config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_remaining_ms(deadline))
-      session = tf.compat.v1.Session(cluster.target, graph=program.graph, config=config)
+      session = tf.compat.v1.Session(f"grpc://{cluster.addresses[0]}", graph=program.graph,
+                                     config=config)
       try:
         _check_devices(session, program.devices)
         return _measure(tf, session, program, spec, deadline)
       finally:
-        _close(session)
+        cluster_lib.close_session(session, CLOSE_WAIT_S)
     except tf.errors.OpError as e:
       explained = _explain(tf, e, cluster, spec, deadline)
       if explained is None:
         raise
       raise explained from e
     finally:
-      cluster.stop()
+      cluster.stop(STOP_GRACE_S)
 
 
 def _validate(spec) -> None:
@@ -261,23 +254,6 @@ def _measure(tf, session, program, spec, deadline) -> list:
   return seconds
 
 
-def _close(session) -> None:
-  """Closes the session; gives up waiting after CLOSE_WAIT_S (its master may be dead).
-
-  Closing talks to the master with fail-fast off, so with a dead master it waits out
-  operation_timeout_in_ms; that wait is left to a daemon thread.
-  """
-  def close():
-    try:
-      session.close()
-    except Exception:  # pylint: disable=broad-except  # best effort, already failing
-      pass
-
-  closer = threading.Thread(target=close, name="tf-session-close", daemon=True)
-  closer.start()
-  closer.join(CLOSE_WAIT_S)
-
-
 def _explain(tf, error, cluster, spec, deadline):
   """A clearer exception for a TF error, or None to re-raise it as it is.
 
@@ -286,80 +262,8 @@ def _explain(tf, error, cluster, spec, deadline):
   """
   exited = cluster.exited()
   if exited:
-    return RuntimeError(cluster.describe(exited[0]))
+    return RuntimeError(f"tf: {cluster.describe(exited[0])}")
   if isinstance(error, tf.errors.DeadlineExceededError) or time.monotonic() >= deadline:
     return TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} "
                         f"({spec.mode}, hosts={spec.hosts})")
   return None
-
-
-class _Cluster:
-  """The worker processes: started on free loopback ports, always stopped."""
-
-  def __init__(self, spec, deadline, log_dir):
-    self._spec = spec
-    self._deadline = deadline
-    self._log_dir = log_dir
-    self._procs = []
-    self.addresses = []
-
-  @property
-  def target(self) -> str:
-    return f"grpc://{self.addresses[0]}"
-
-  def _log_path(self, task: int) -> str:
-    return os.path.join(self._log_dir, f"worker{task}.log")
-
-  def start(self) -> None:
-    self.addresses = [f"127.0.0.1:{port}" for port in processes.free_loopback_ports(self._spec.hosts)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    lifetime_s = max(0.0, self._deadline - time.monotonic()) + LIFETIME_MARGIN_S
-    for task in range(self._spec.hosts):
-      command = [sys.executable, "-m", SERVER_MODULE, f"--workers={','.join(self.addresses)}",
-                 f"--task={task}", f"--devices={self._spec.devices_per_host}",
-                 f"--lifetime_s={lifetime_s:.0f}"]
-      with open(self._log_path(task), "wb") as log:
-        self._procs.append(subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env, start_new_session=True))
-
-  def wait_until_serving(self) -> None:
-    waiting = set(range(self._spec.hosts))
-    while True:
-      exited = self.exited()
-      if exited:
-        raise RuntimeError(self.describe(exited[0]))
-      waiting = {task for task in waiting if READY_MARKER not in self._log(task)}
-      if not waiting:
-        return
-      if time.monotonic() >= self._deadline:
-        raise TimeoutError(f"tf: workers {sorted(waiting)} were not serving within "
-                           f"timeout_s={self._spec.timeout_s}")
-      time.sleep(POLL_S)
-
-  def exited(self) -> list:
-    """(task, exit code) of each worker that is no longer running."""
-    return [(task, p.poll()) for task, p in enumerate(self._procs) if p.poll() is not None]
-
-  def describe(self, task_and_code) -> str:
-    task, code = task_and_code
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    lines = [line for line in self._log(task)[-LOG_TAIL_CHARS:].splitlines()
-             if line.strip() and not _ABSL_NOISE.match(line)]
-    tail = " | ".join(lines[-10:]) or "(nothing but TF start-up notices)"
-    return (f"tf: worker {task} (pid {self._procs[task].pid}, {self.addresses[task]}) "
-            f"{how}; its log ends: {tail}")
-
-  def _log(self, task: int) -> str:
-    try:
-      with open(self._log_path(task), "rb") as f:
-        return f.read().decode(errors="replace")
-    except OSError:
-      return ""
-
-  def stop(self) -> None:
-    """SIGTERM to every worker's process group, SIGKILL to any left after the grace."""
-    processes.stop(self._procs, STOP_GRACE_S)

@@ -12,8 +12,10 @@ topology's devices and run by one tf.compat.v1 Session: a single controller.
 import logging
 from typing import Optional
 
-from tf_tput import compat
-from tf_tput import data
+from tf_tput import cluster, compat, data, errors
+
+CLOSE_WAIT_S = 5.0
+LOST_WORKER_SETTLE_S = 3.0
 
 
 
@@ -128,15 +130,24 @@ class MtfTrainer:
       self._masters = [(getattr(v, "original_names", None), v.name, v.get_master())
                        for v in graph.trainable_variables]
       self._graph.finalize()
-    self._session = tf1.Session(graph=self._graph)
+    self._session = tf1.Session(topology.session_target, graph=self._graph)
     self._session.run(init)
     self._session.run(copy_masters_to_slices)
+    self._workers = list(topology.workers)
+    # get_memory_info sees this process's GPUs only, not a cluster's.
     self._gpu_names = [dev.split("device:")[-1] for dev in topology.devices
-                       if "GPU" in dev]
+                       if "GPU" in dev and not topology.session_target]
 
   def step(self, batch: dict) -> float:
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
-    loss, _ = self._session.run([self._loss, self._train_op], feed_dict=feed)
+    try:
+      loss, _ = self._session.run([self._loss, self._train_op], feed_dict=feed)
+    except self._tf.errors.OpError as e:
+      lost = cluster.unreachable(self._workers, settle_s=LOST_WORKER_SETTLE_S)
+      if lost:  # name the worker, not only the gRPC symptom
+        raise RuntimeError(f"{', '.join(map(str, lost))} unreachable: "
+                           f"{errors.one_line(e, limit=200)}") from e
+      raise
     return float(loss)
 
   def export_variables(self) -> dict:
@@ -156,7 +167,10 @@ class MtfTrainer:
                for name in self._gpu_names)
 
   def close(self) -> None:
-    self._session.close()
+    if self._workers:  # a cluster's session may wait forever on a lost worker
+      cluster.close_session(self._session, CLOSE_WAIT_S)
+    else:
+      self._session.close()
 
 
 class MtfSystem:

@@ -1,13 +1,15 @@
-"""One worker of the TF single-controller micro-benchmark: a tf.distribute.Server.
+"""One TF worker: a tf.distribute.Server for the task TF_CONFIG names.
 
-    python -m tf_tput.micro.tf_server --workers=127.0.0.1:P0,127.0.0.1:P1 --task=1 \
-        --devices=2 --lifetime_s=330
+    TF_CONFIG='{"cluster": {"chief": ["127.0.0.1:P0"], "worker": ["127.0.0.1:P1"]},
+                "task": {"type": "worker", "index": 0}}' \
+        python -m tf_tput.tf_server --devices=2 --lifetime_s=3600
 
-tf_tput.micro.tf_single starts one per host and stops it when its run ends. The
-server is task --task of job "worker" in a cluster whose task i listens on the i-th
-address of --workers, with --devices logical CPU devices. It never outlives its
-starter: it exits when its parent process is gone (the starter was killed before it
-could stop it) or after --lifetime_s seconds, whichever comes first.
+tf_tput.launch (--num_workers) and the TF micro-benchmark start one per worker and stop
+it when their run ends. The cluster, this task's job and index come from TF_CONFIG
+through tf.distribute's TFConfigClusterResolver, as in any TF multi-worker job; the
+server exposes --devices logical CPU devices (ConfigProto device_count). It never
+outlives its starter: it exits when its parent process is gone (the starter was killed
+before it could stop it) or after --lifetime_s seconds, whichever comes first.
 
 TensorFlow's gRPC server listens on 0.0.0.0:PORT (all interfaces, dual-stack) whatever
 host the cluster spec names: grpc_server_lib.cc hard-codes the wildcard address and
@@ -20,6 +22,7 @@ import threading
 import time
 
 WATCH_PERIOD_S = 0.5
+READY_MARKER = "serving grpc://"  # printed once the server listens; starters wait for it
 
 
 def _exit_when_orphaned_or_expired(parent_pid: int, lifetime_s: float) -> None:
@@ -36,9 +39,6 @@ def _exit_when_orphaned_or_expired(parent_pid: int, lifetime_s: float) -> None:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workers", required=True,
-                      help="host:port of every worker, comma-separated, in task order")
-  parser.add_argument("--task", type=int, required=True, help="this worker's index")
   parser.add_argument("--devices", type=int, required=True,
                       help="logical CPU devices this worker exposes")
   parser.add_argument("--lifetime_s", type=float, required=True,
@@ -47,11 +47,12 @@ def main(argv=None) -> None:
   _exit_when_orphaned_or_expired(os.getppid(), args.lifetime_s)
 
   import tensorflow as tf  # after the watch starts: the import alone takes seconds
-  cluster = tf.train.ClusterSpec({"worker": args.workers.split(",")})
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   config = tf.compat.v1.ConfigProto(device_count={"CPU": args.devices})
-  server = tf.distribute.Server(cluster, job_name="worker", task_index=args.task,
-                                config=config, start=True)
-  print(f"worker {args.task} serving {server.target}", flush=True)
+  server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                task_index=resolver.task_id, config=config, start=True)
+  print(f"{resolver.task_type} {resolver.task_id} {READY_MARKER[:-len('grpc://')]}"
+        f"{server.target}", flush=True)
   server.join()
 
 

@@ -1,0 +1,195 @@
+"""A TF multi-worker cluster on loopback: a run, a killed worker, bad clusters, Ctrl-C.
+
+tf_tput.launch --num_workers starts tf.distribute.Server workers and runs
+tf_tput.train --strategy=multi_worker as their chief. After every test, no process
+it started is left running (tests/conftest.py).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from tf_tput import processes, results
+
+from cli_helpers import REPO, error_lines, run_cli
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+TRAIN = ["--", sys.executable, "-m", "tf_tput.train", "--system=mtf",
+         "--strategy=multi_worker", "--gin_file=gin/models/t5_tiny.gin",
+         "--gin_param=TrainConfig.global_batch = 4", "--warmup_steps=1"]
+LAUNCH_2X2 = ["--num_workers=2", "--devices_per_worker=2", "--grace_s=2"]
+MESH_2X2 = "--gin_file=gin/mesh/data2_model2.gin"
+
+
+def _one_error_line(proc, expect: str) -> str:
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr
+  errors = error_lines(proc.stderr)
+  assert len(errors) == 1, proc.stderr
+  assert expect in errors[0], errors[0]
+  return errors[0]
+
+
+def test_a_run_drives_every_workers_devices_from_the_chief(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.launch", *LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=2",
+                 f"--results={out}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [record] = results.read(str(out))[0]
+  assert record["status"] == "ok" and record["strategy"] == "multi_worker"
+  assert record["num_processes"] == 2 and record["num_devices"] == 4
+  workers = record["env"]["accelerators"]
+  assert [w["task"] for w in workers] == [f"/job:worker/replica:0/task:{i}" for i in (0, 1)]
+  assert [w["count"] for w in workers] == [2, 2]
+  assert all(w["address"].startswith("127.0.0.1:") for w in workers)
+  assert record["tokens_per_sec"] > 0 and len(record["losses"]) == 3
+
+
+class _Launched:
+  """The launcher in the background, its stderr collected line by line."""
+
+  def __init__(self, args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    self.proc = subprocess.Popen([sys.executable, "-m", "tf_tput.launch", *args], cwd=REPO,
+                                 env=env, stderr=subprocess.PIPE, text=True)
+    self.lines = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stderr:
+      self.lines.append(line)
+
+  def wait_for(self, text: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in self.lines):
+      assert self.proc.poll() is None, "".join(self.lines)[-3000:]
+      assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
+      time.sleep(0.1)
+
+  def finish(self, timeout: float) -> str:
+    try:
+      self.proc.wait(timeout=timeout)
+    finally:
+      if self.proc.poll() is None:
+        self.proc.kill()
+        self.proc.wait()
+    self._reader.join(5)
+    return "".join(self.lines)
+
+  def worker(self, index: int) -> psutil.Process:
+    for p in psutil.Process(self.proc.pid).children(recursive=True):
+      task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task", {})
+      if task == {"type": "worker", "index": index}:
+        return p
+    raise AssertionError(f"no worker {index} among the launcher's children")
+
+
+def test_a_killed_worker_fails_the_run_within_30_s_naming_it(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  launched = _Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000", "--log_every=1",
+                        f"--results={out}"])
+  launched.wait_for("step 2/")
+  launched.worker(1).kill()
+  killed_at = time.monotonic()
+  stderr = launched.finish(timeout=60)
+  assert time.monotonic() - killed_at < 30, stderr[-4000:]
+  assert launched.proc.returncode == 1
+  chief_error = [line for line in error_lines(stderr) if "run failed" in line]
+  assert len(chief_error) == 1 and "worker 1 (127.0.0.1:" in chief_error[0], stderr[-3000:]
+  [record] = results.read(str(out))[0]
+  assert record["status"] == "failed" and "worker 1" in record["error"]
+  assert len(record["losses"]) >= 3  # the warmup step and at least 2 measured ones
+
+
+def test_ctrl_c_to_the_launcher_ends_every_child_and_keeps_results(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  earlier = run_cli("tf_tput.train", "--gin_file=gin/models/t5_tiny.gin", "--steps=1",
+                    f"--results={out}")
+  assert earlier.returncode == 0, earlier.stderr
+  before = out.read_text()
+  launched = _Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000",
+                        f"--results={out}"])
+  launched.wait_for("warmup done")
+  children = psutil.Process(launched.proc.pid).children(recursive=True)
+  launched.proc.send_signal(signal.SIGINT)
+  stderr = launched.finish(timeout=60)
+  assert launched.proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+  assert "interrupted" in error_lines(stderr)[-1]
+  assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+  assert out.read_text().startswith(before)
+  records, problems = results.read(str(out))
+  assert not problems and records[0]["status"] == "ok"
+
+
+def test_workers_that_do_not_start_in_time_are_one_clear_line():
+  proc = run_cli("tf_tput.launch", "--num_workers=2", "--start_timeout_s=0.3", *TRAIN,
+                 timeout=60)
+  _one_error_line(proc, "were not serving within --start_timeout_s=0.3")
+
+
+@pytest.fixture
+def busy_port():
+  s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  s.bind(("127.0.0.1", 0))
+  s.listen()
+  yield s.getsockname()[1]
+  s.close()
+
+
+def test_a_launcher_port_in_use_is_one_clear_line(busy_port):
+  proc = run_cli("tf_tput.launch", "--num_workers=1", f"--port={busy_port - 1}", *TRAIN)
+  assert proc.returncode == 2
+  _one_error_line(proc, f"port(s) {busy_port} of {busy_port - 1}-{busy_port} are in use")
+
+
+def _tf_config(chief: str, workers: list, task=None) -> str:
+  return json.dumps({"cluster": {"chief": [chief], "worker": workers},
+                     "task": task or {"type": "chief", "index": 0}})
+
+
+def _train_with(tf_config: str, tmp_path, *args):
+  out = tmp_path / "runs.jsonl"
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), TF_CONFIG=tf_config)
+  proc = subprocess.run([sys.executable, "-m", "tf_tput.train", *TRAIN[4:], *args,
+                         f"--results={out}"], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=120)
+  assert not out.exists()
+  return proc
+
+
+def test_a_chief_port_in_use_is_one_clear_line(busy_port, tmp_path):
+  proc = _train_with(_tf_config(f"127.0.0.1:{busy_port}", ["127.0.0.1:1"]), tmp_path)
+  _one_error_line(proc, f"chief address 127.0.0.1:{busy_port}: port {busy_port} is in use")
+
+
+def test_a_worker_that_never_answers_is_named_within_the_timeout(tmp_path):
+  chief, worker = processes.free_loopback_ports(2)
+  proc = _train_with(_tf_config(f"127.0.0.1:{chief}", [f"127.0.0.1:{worker}"]), tmp_path,
+                     "--cluster_timeout_s=1")
+  _one_error_line(proc, f"worker 0 (127.0.0.1:{worker}, /job:worker/replica:0/task:0) "
+                        "did not answer within --cluster_timeout_s=1")
+
+
+@pytest.mark.parametrize("tf_config, expect", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ('{"task": {"type": "chief", "index": 0}}', 'has no "cluster" object'),
+    (_tf_config("127.0.0.1:2222", [], None), "cluster.worker is []"),
+    (_tf_config("127.0.0.1:2222", ["127.0.0.1"]), "cluster.worker is ['127.0.0.1']"),
+    (_tf_config("127.0.0.1:2222", ["127.0.0.1:2223"], {"type": "worker", "index": 1}),
+     "task is {'type': 'worker', 'index': 1} but this process drives the run"),
+    ("", "--strategy=multi_worker needs TF_CONFIG"),
+])
+def test_a_bad_tf_config_is_one_clear_line(tf_config, expect, tmp_path):
+  start = time.monotonic()
+  _one_error_line(_train_with(tf_config, tmp_path), expect)
+  assert time.monotonic() - start < 30  # refused before TensorFlow starts

@@ -1,0 +1,195 @@
+"""TF worker processes on loopback: started, awaited, described when they die, stopped.
+
+Shared by tf_tput.launch --num_workers (the chief is the launched command) and the TF
+micro-benchmark (its client drives worker 0 as master). Each worker is a
+tf_tput.tf_server process in its own session, told its task through TF_CONFIG, with
+its output in a log file whose end is quoted when it fails.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import tf_tput
+from tf_tput import cluster, processes
+from tf_tput.tf_server import READY_MARKER
+
+SERVER_MODULE = "tf_tput.tf_server"
+POLL_S = 0.05
+WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
+UNBOUNDED_LIFETIME_S = 7 * 24 * 3600.0  # workers still exit with their launcher
+LOG_TAIL_CHARS = 4000
+# TF's start-up notices, printed before absl logging honours TF_CPP_MIN_LOG_LEVEL.
+_ABSL_NOISE = re.compile(r"I\d{4} |W\d{4} .*(cuda|TensorRT)|WARNING: All log messages "
+                         r"before absl|To enable the|E\d{4} .*cuda")
+
+
+def busy_ports(ports) -> list:
+  """The ports of `ports` that something already listens on (TF binds the wildcard)."""
+  busy = []
+  for port in ports:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+      s.bind(("", port))
+    except OSError:
+      busy.append(port)
+    finally:
+      s.close()
+  return busy
+
+
+def loopback_cluster(num_workers: int, with_chief: bool, ports=None) -> dict:
+  """A cluster spec on 127.0.0.1: free ports, or `ports` (chief first) when given."""
+  count = num_workers + int(with_chief)
+  ports = list(ports) if ports is not None else processes.free_loopback_ports(count)
+  addresses = [f"127.0.0.1:{port}" for port in ports]
+  spec = {cluster.WORKER: addresses[int(with_chief):]}
+  if with_chief:
+    spec[cluster.CHIEF] = addresses[:1]
+  return spec
+
+
+def tf_config(spec: dict, job: str, index: int) -> str:
+  return json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+
+
+class WorkerProcesses:
+  """The "worker" job of `spec`: one tf_server per address, each with `devices` CPUs."""
+
+  def __init__(self, spec: dict, devices: int, log_dir: str, lifetime_s: float,
+               die_with_parent: bool = False):
+    self.spec = spec
+    self.addresses = spec[cluster.WORKER]
+    self._devices = devices
+    self._log_dir = log_dir
+    self._lifetime_s = lifetime_s
+    self._die_with_parent = die_with_parent
+    self.procs = []
+
+  def _log_path(self, task: int) -> str:
+    return os.path.join(self._log_dir, f"worker{task}.log")
+
+  def start(self) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    for task in range(len(self.addresses)):
+      env[cluster.ENV] = tf_config(self.spec, cluster.WORKER, task)
+      command = [sys.executable, "-m", SERVER_MODULE, f"--devices={self._devices}",
+                 f"--lifetime_s={self._lifetime_s:.0f}"]
+      with open(self._log_path(task), "wb") as log:
+        self.procs.append(processes.popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, die_with_parent=self._die_with_parent))
+
+  def wait_until_serving(self, deadline: float, timeout_text: str,
+                         interrupted=lambda: False) -> None:
+    """Returns once every worker serves; RuntimeError when one dies, TimeoutError at
+    the deadline (its message ends with timeout_text), KeyboardInterrupt when asked."""
+    waiting = set(range(len(self.addresses)))
+    while True:
+      if interrupted():
+        raise KeyboardInterrupt
+      exited = self.exited()
+      if exited:
+        raise RuntimeError(self.describe(exited[0]))
+      waiting = {task for task in waiting if READY_MARKER not in self._log(task)}
+      if not waiting:
+        return
+      if time.monotonic() >= deadline:
+        names = ", ".join(f"{t} ({self.addresses[t]})" for t in sorted(waiting))
+        raise TimeoutError(f"worker(s) {names} were not serving within {timeout_text}")
+      time.sleep(POLL_S)
+
+  def exited(self) -> list:
+    """(task, exit code) of each worker that is no longer running."""
+    return [(task, p.poll()) for task, p in enumerate(self.procs) if p.poll() is not None]
+
+  def describe(self, task_and_code) -> str:
+    task, code = task_and_code
+    lines = [line for line in self._log(task)[-LOG_TAIL_CHARS:].splitlines()
+             if line.strip() and not _ABSL_NOISE.match(line)]
+    tail = " | ".join(lines[-10:]) or "(nothing but TF start-up notices)"
+    return (f"worker {task} (pid {self.procs[task].pid}, {self.addresses[task]}) "
+            f"{processes.how(code)}; its log ends: {tail}")
+
+  def _log(self, task: int) -> str:
+    try:
+      with open(self._log_path(task), "rb") as f:
+        return f.read().decode(errors="replace")
+    except OSError:
+      return ""
+
+  def stop(self, grace_s: float) -> None:
+    """SIGTERM to every worker's process group, SIGKILL to any left after the grace."""
+    processes.stop(self.procs, grace_s)
+
+
+def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: float,
+           timeout_s: float = None, start_timeout_s: float = 60.0, ports=None) -> int:
+  """Starts the workers, then `command` as the chief (TF_CONFIG); its exit code.
+
+  The workers must serve within start_timeout_s. A worker that dies while the command
+  runs is named at once; the command then has WORKER_LOSS_GRACE_S to notice and record
+  the failure before it is stopped. Ctrl-C / SIGTERM stop everything: 128 + signal.
+  """
+  spec = loopback_cluster(num_workers, with_chief=True, ports=ports)
+  lifetime_s = timeout_s + start_timeout_s + 60 if timeout_s else UNBOUNDED_LIFETIME_S
+  chief = []
+  with processes.recording_signals() as interrupted, \
+      tempfile.TemporaryDirectory(prefix="tf_tput_workers_") as log_dir:
+    workers = WorkerProcesses(spec, devices_per_worker, log_dir, lifetime_s,
+                              die_with_parent=True)
+    try:
+      workers.start()
+      workers.wait_until_serving(time.monotonic() + start_timeout_s,
+                                 f"--start_timeout_s={start_timeout_s:g}",
+                                 interrupted=lambda: bool(interrupted))
+      env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)})
+      chief.append(processes.popen(command, env=env))
+      return _watch(chief[0], workers, grace_s, timeout_s, interrupted)
+    except (RuntimeError, TimeoutError) as e:
+      print(f"error: {e}; stopped all {num_workers} workers", file=sys.stderr)
+      return 1
+    except KeyboardInterrupt:
+      return _interrupted(interrupted, num_workers)
+    finally:
+      processes.stop(chief + workers.procs, grace_s)  # no orphans, whatever happened
+
+
+def _interrupted(interrupted: list, num_workers: int) -> int:
+  print(f"error: interrupted by signal {interrupted[0]}; stopped the command and all "
+        f"{num_workers} workers", file=sys.stderr)
+  return 128 + interrupted[0]
+
+
+def _watch(chief, workers: WorkerProcesses, grace_s: float, timeout_s, interrupted) -> int:
+  started = time.monotonic()
+  lost, lost_at = None, None
+  while True:
+    if interrupted:
+      raise KeyboardInterrupt
+    code = chief.poll()
+    if code is not None:
+      if code:
+        cause = f" after {workers.describe(lost)}" if lost else ""
+        print(f"error: the command (pid {chief.pid}) {processes.how(code)}{cause}; "
+              f"stopped the workers", file=sys.stderr)
+      return code if code >= 0 else 128 - code
+    if lost is None and workers.exited():
+      lost, lost_at = workers.exited()[0], time.monotonic()
+    if lost is not None and time.monotonic() - lost_at > WORKER_LOSS_GRACE_S:
+      print(f"error: {workers.describe(lost)}, and the command did not end within "
+            f"{WORKER_LOSS_GRACE_S:g} s; stopped it", file=sys.stderr)
+      return 1
+    if timeout_s is not None and time.monotonic() - started > timeout_s:
+      print(f"error: --timeout_s={timeout_s:g} passed; stopped the command and the "
+            "workers", file=sys.stderr)
+      return 1
+    time.sleep(POLL_S)
