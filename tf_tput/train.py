@@ -46,7 +46,8 @@ flags.DEFINE_enum("strategy", "local", topology_lib.STRATEGIES,
                   "by the tests beyond the connection (no TPU there).")
 flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait for "
                    "every worker to answer before giving up.")
-flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, or grpc://host:8470.")
+flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, grpc://host:8470, or local "
+                    "(on a TPU VM).")
 flags.DEFINE_string("tpu_zone", None, "tpu: its GCP zone (unset: from the metadata).")
 flags.DEFINE_string("gcp_project", None, "tpu: its GCP project (unset: from the metadata).")
 flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
@@ -135,7 +136,7 @@ def _check_writable_dir(path: str, flag: str) -> None:
                      "choose another") from None
 
 
-def _check_strategy():
+def _check_strategy(experiment):
   """Checks the --strategy flags before any framework starts; the TPU's address or None."""
   strategy = FLAGS.strategy
   if strategy != "local" and FLAGS.system != "mtf":
@@ -159,7 +160,12 @@ def _check_strategy():
       raise UsageError(f"--{given[0]} applies to --strategy=tpu, not --strategy={strategy}")
     return None
   from tf_tput import tpu
-  return tpu.address_from_flags(**tpu_flags)
+  address = tpu.address_from_flags(**tpu_flags)
+  if experiment.model.activation_dtype != "bfloat16":
+    raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "
+                     f"not {experiment.model.activation_dtype}; add "
+                     "--gin_param=\"ModelConfig.activation_dtype='bfloat16'\"")
+  return address
 
 
 def run() -> int:
@@ -170,7 +176,7 @@ def run() -> int:
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
-  tpu_address = _check_strategy()
+  tpu_address = _check_strategy(experiment)
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)

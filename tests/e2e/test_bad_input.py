@@ -44,10 +44,21 @@ def _fails(tmp_path, *args, expect: str):
     ((TINY, "--gin_param=MeshConfig.layout = 'd_ff:model;d_ff:batch'"),
      "maps 'd_ff' twice"),
     (("--steps=3",), "no --gin_file given"),
+    ((TINY, "--strategy=multi_worker", "--system=jax"),
+     "--strategy=multi_worker is for --system=mtf"),
+    ((TINY, "--strategy=multi_worker", "--num_cpu_devices=2"),
+     "--num_cpu_devices applies to --strategy=local"),
+    ((TINY, "--strategy=multi_worker", "--cluster_timeout_s=0"),
+     "--cluster_timeout_s=0.0; it must be > 0"),
+    ((TINY, "--tpu=my-tpu"), "--tpu applies to --strategy=tpu, not --strategy=local"),
+    ((TINY, "--strategy=tpu"), "--strategy=tpu needs --tpu"),
+    ((TINY, "--strategy=tpu", "--tpu=grpc://10.0.0.2:8470"),
+     "--strategy=tpu trains in bfloat16 activations"),
 ], ids=["unknown-binding", "unknown-gin-file", "mesh-vs-devices", "batch-divisibility",
         "heads-divisibility", "d_ff-divisibility", "vocab-divisibility", "steps-zero",
         "warmup-zero", "unknown-system", "log-every-zero", "gin-syntax",
-        "layout-twice", "no-model"])
+        "layout-twice", "no-model", "strategy-for-jax", "cpu-devices-in-a-cluster",
+        "cluster-timeout-zero", "tpu-flag-locally", "tpu-without-address", "tpu-float32"])
 def test_bad_request_fails_fast_with_one_line(tmp_path, args, expect):
   _fails(tmp_path, *args, expect=expect)
 

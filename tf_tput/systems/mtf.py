@@ -6,7 +6,9 @@ mesh_tensorflow/transformer/gin/defaults.gin binds, passed explicitly here so th
 mtf's gin registry stays out of the user's gin files. Training is mtf's
 AdafactorOptimizer with its defaults (relative step size min(0.01, rsqrt(step + 1)),
 parameter scaling, factored second moments), lowered by PlacementMeshImpl onto the
-topology's devices and run by one tf.compat.v1 Session: a single controller.
+topology's devices (this process's, or every worker's of a TF_CONFIG cluster) and run
+by one tf.compat.v1 Session: a single controller. On TPUs, mtf_tpu.py lowers the same
+model with the SIMD implementation.
 """
 
 import logging
@@ -54,6 +56,71 @@ def _unitransformer(mtf_t, experiment, name, autoregressive, with_enc_dec_attent
       layout=experiment.mesh.layout, mesh_shape=experiment.mesh.mesh_shape)
 
 
+def build_loss(mtf, mtf_t, experiment, mesh, import_feature):
+  """The model's training loss on `mesh`, as an mtf scalar.
+
+  import_feature(key, length) -> the int32 mtf Tensor [batch, length] fed as `key`
+  ("inputs", "targets", and with packing their "_segmentation" ids).
+  """
+  import tensorflow as tf
+  m, d = experiment.model, experiment.data
+  lengths = data.lengths_of(experiment)
+
+  def feature(key, base):
+    return import_feature(key, lengths[base])
+
+  packed = d.pack
+  variable_dtype = mtf.VariableDType(
+      master_dtype=tf.float32, slice_dtype=tf.float32,
+      activation_dtype=tf.as_dtype(m.activation_dtype))
+  targets = feature("targets", "targets")
+  targets_segmentation = feature("targets_segmentation", "targets") if packed else None
+  if m.arch == "encoder_decoder":
+    model = mtf_t.transformer.Bitransformer(
+        encoder=_unitransformer(mtf_t, experiment, "encoder", False, False,
+                                d.inputs_length, None),
+        decoder=_unitransformer(mtf_t, experiment, "decoder", True, True,
+                                d.targets_length, m.vocab_size))
+    _, loss = model.call_simple(
+        feature("inputs", "inputs"), targets, compute_loss=True, mode="train",
+        variable_dtype=variable_dtype,
+        encoder_sequence_id=feature("inputs_segmentation", "inputs") if packed else None,
+        decoder_sequence_id=targets_segmentation)
+    return loss
+  model = _unitransformer(mtf_t, experiment, "decoder", True, False, d.targets_length,
+                          m.vocab_size)
+  # As Bitransformer does: without packing, padding (id 0) is its own sequence.
+  sequence_id = (targets_segmentation if packed else mtf.minimum(targets, 1))
+  _, loss = model.call_simple(
+      mtf_t.transformer.autoregressive_inputs(targets, sequence_id=sequence_id),
+      targets, compute_loss=True, mode="train", variable_dtype=variable_dtype,
+      sequence_id=sequence_id)
+  return loss
+
+
+def optimizer_updates(mtf, graph, loss) -> list:
+  """mtf's Adafactor (its defaults) on every trainable variable: the update operations."""
+  grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+  return mtf.optimize.AdafactorOptimizer().apply_grads(grads, graph.trainable_variables)
+
+
+def mesh_impl(mtf, experiment, topology):
+  """How the mesh is lowered: PlacementMeshImpl over the topology's devices (one TF op
+  per device slice), or on TPUs the SIMD implementation (one replicated program)."""
+  shape = mtf.convert_to_shape(experiment.mesh.mesh_shape)
+  layout = mtf.convert_to_layout_rules(experiment.mesh.layout)
+  if topology.platform != "tpu":
+    return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, list(topology.devices))
+  assignment = topology.handles["device_assignment"]
+  physical = [int(i) for i in assignment.topology.mesh_shape]
+  if len(physical) == 4:  # [x, y, z, core] -> mtf's 3-D physical shape, as utils.py does
+    physical = mtf.simd_mesh_impl.physical_shape_3d_from_topology_proto_4d(physical)
+  logical_to_physical = mtf.simd_mesh_impl.auto_logical_to_physical_tpu(
+      shape.to_integer_list, physical, device_assignment=assignment)
+  return mtf.simd_mesh_impl.SimdMeshImpl(shape, layout, None, assignment,
+                                         logical_to_physical=logical_to_physical)
+
+
 class MtfTrainer:
   """A lowered mtf graph in a Session; step() feeds one numpy batch."""
 
@@ -63,7 +130,6 @@ class MtfTrainer:
     # mtf logs its graph and memory statistics at INFO through TensorFlow's logger.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     tf1 = tf.compat.v1
-    m, d = experiment.model, experiment.data
     self._tf = tf
     self._graph = tf.Graph()
     with self._graph.as_default():
@@ -71,52 +137,19 @@ class MtfTrainer:
       graph = mtf.Graph()
       mesh = mtf.Mesh(graph, "mesh")
       batch_dim = mtf.Dimension("batch", experiment.train.global_batch)
-      lengths = data.lengths_of(experiment)
       self._placeholders = {}
 
-      def feature(key, base):
-        shape = [experiment.train.global_batch, lengths[base]]
+      def import_feature(key, length):
+        shape = [experiment.train.global_batch, length]
         self._placeholders[key] = tf1.placeholder(tf.int32, shape, name=key)
         return mtf.import_tf_tensor(mesh, self._placeholders[key], mtf.Shape(
-            [batch_dim, mtf.Dimension("length", lengths[base])]))
+            [batch_dim, mtf.Dimension("length", length)]))
 
-      packed = d.pack
-      variable_dtype = mtf.VariableDType(
-          master_dtype=tf.float32, slice_dtype=tf.float32,
-          activation_dtype=tf.as_dtype(m.activation_dtype))
-      targets = feature("targets", "targets")
-      targets_segmentation = feature("targets_segmentation", "targets") if packed else None
-      if m.arch == "encoder_decoder":
-        model = mtf_t.transformer.Bitransformer(
-            encoder=_unitransformer(mtf_t, experiment, "encoder", False, False,
-                                    d.inputs_length, None),
-            decoder=_unitransformer(mtf_t, experiment, "decoder", True, True,
-                                    d.targets_length, m.vocab_size))
-        inputs = feature("inputs", "inputs")
-        _, loss = model.call_simple(
-            inputs, targets, compute_loss=True, mode="train",
-            variable_dtype=variable_dtype,
-            encoder_sequence_id=feature("inputs_segmentation", "inputs") if packed else None,
-            decoder_sequence_id=targets_segmentation)
-      else:
-        model = _unitransformer(mtf_t, experiment, "decoder", True, False,
-                                d.targets_length, m.vocab_size)
-        # As Bitransformer does: without packing, padding (id 0) is its own sequence.
-        sequence_id = (targets_segmentation if packed else mtf.minimum(targets, 1))
-        _, loss = model.call_simple(
-            mtf_t.transformer.autoregressive_inputs(targets, sequence_id=sequence_id),
-            targets, compute_loss=True, mode="train", variable_dtype=variable_dtype,
-            sequence_id=sequence_id)
-
+      loss = build_loss(mtf, mtf_t, experiment, mesh, import_feature)
       self.num_params = sum(v.shape.size for v in graph.trainable_variables)
       global_step = tf1.train.get_or_create_global_step()
-      grads = mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
-      updates = mtf.optimize.AdafactorOptimizer().apply_grads(
-          grads, graph.trainable_variables)
-      mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-          mtf.convert_to_shape(experiment.mesh.mesh_shape),
-          mtf.convert_to_layout_rules(experiment.mesh.layout), list(topology.devices))
-      lowering = mtf.Lowering(graph, {mesh: mesh_impl})
+      updates = optimizer_updates(mtf, graph, loss)
+      lowering = mtf.Lowering(graph, {mesh: mesh_impl(mtf, experiment, topology)})
       self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
       # Adafactor's step size and decay read the global step; incrementing it only
       # after every update keeps step k on k (mtf's own runner leaves them unordered).
@@ -178,7 +211,10 @@ class MtfSystem:
   framework = "tf"
   multi_process = False  # one Session drives every device: a single controller
 
-  def build(self, experiment, topology) -> MtfTrainer:
+  def build(self, experiment, topology):
+    if topology.platform == "tpu":
+      from tf_tput.systems.mtf_tpu import MtfTpuTrainer
+      return MtfTpuTrainer(experiment, topology)
     return MtfTrainer(experiment, topology)
 
 

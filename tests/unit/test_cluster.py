@@ -1,0 +1,83 @@
+"""TF_CONFIG checks, worker device lists and reachability (tf_tput.cluster)."""
+
+import json
+import socket
+import time
+
+import pytest
+
+from tf_tput import cluster, processes
+from tf_tput.errors import UsageError
+
+
+def _tf_config(**overrides):
+  tf_config = {"cluster": {"chief": ["127.0.0.1:2222"],
+                           "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]},
+               "task": {"type": "chief", "index": 0}}
+  tf_config.update(overrides)
+  return json.dumps(tf_config)
+
+
+def test_a_good_tf_config_gives_the_chief_and_the_workers_in_task_order():
+  chief, workers = cluster.parse_tf_config(_tf_config())
+  assert chief == "127.0.0.1:2222"
+  assert [(w.index, w.address, w.task) for w in workers] == [
+      (0, "127.0.0.1:2223", "/job:worker/replica:0/task:0"),
+      (1, "127.0.0.1:2224", "/job:worker/replica:0/task:1")]
+  assert str(workers[1]) == "worker 1 (127.0.0.1:2224, /job:worker/replica:0/task:1)"
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("", "needs TF_CONFIG"),
+    ("[1", "not valid JSON"),
+    ("[]", 'has no "cluster" object'),
+    (_tf_config(cluster={"worker": ["127.0.0.1:2223"]}), "cluster.chief is None"),
+    (_tf_config(cluster={"chief": ["a:1", "b:2"], "worker": ["c:3"]}),
+     "lists 2 addresses"),
+    (_tf_config(cluster={"chief": ["a:1"], "worker": ["c:99999"]}), "cluster.worker is"),
+    (_tf_config(task={"type": "chief", "index": 1}), "this process drives the run"),
+    (_tf_config(task=None), "task is None"),
+])
+def test_a_bad_tf_config_names_what_is_wrong(text, expect):
+  with pytest.raises(UsageError, match=expect):
+    cluster.parse_tf_config(text)
+
+
+def test_workers_get_their_own_devices_gpus_first_in_index_order():
+  _, workers = cluster.parse_tf_config(_tf_config())
+  listed = ["/job:chief/replica:0/task:0/device:CPU:0",
+            "/job:worker/replica:0/task:1/device:CPU:1",
+            "/job:worker/replica:0/task:1/device:CPU:0",
+            "/job:worker/replica:0/task:0/device:CPU:0",
+            "/job:worker/replica:0/task:0/device:GPU:10",
+            "/job:worker/replica:0/task:0/device:GPU:2"]
+  w0, w1 = cluster.with_devices(workers, listed)
+  assert w0.devices == ("/job:worker/replica:0/task:0/device:GPU:2",
+                        "/job:worker/replica:0/task:0/device:GPU:10")
+  assert w1.devices == ("/job:worker/replica:0/task:1/device:CPU:0",
+                        "/job:worker/replica:0/task:1/device:CPU:1")
+  with pytest.raises(UsageError, match="worker 1 .* lists no devices"):
+    cluster.with_devices(workers, listed[3:])
+
+
+def test_reachability_follows_a_listening_socket():
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen()
+  port = server.getsockname()[1]
+  worker = cluster.Worker(0, f"127.0.0.1:{port}")
+  assert cluster.reachable(worker) and cluster.unreachable([worker]) == []
+  cluster.wait_for_workers([worker], timeout_s=1)
+  with pytest.raises(UsageError, match="chief address .* is in use"):
+    cluster.check_port_free(f"127.0.0.1:{port}")
+  server.close()
+  assert cluster.unreachable([worker]) == [worker]
+
+
+def test_waiting_for_a_silent_worker_ends_at_the_timeout():
+  [port] = processes.free_loopback_ports(1)
+  start = time.monotonic()
+  with pytest.raises(UsageError, match=r"worker 0 .* did not answer within "
+                                       r"--cluster_timeout_s=0.5"):
+    cluster.wait_for_workers([cluster.Worker(0, f"127.0.0.1:{port}")], timeout_s=0.5)
+  assert time.monotonic() - start < 3

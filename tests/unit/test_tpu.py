@@ -1,0 +1,84 @@
+"""--strategy=tpu up to the connection: flags, resolver, device assignment, mesh impl.
+
+No TPU here: the slice's topology is constructed (a v3-8's shape), not read from a TPU.
+"""
+
+import numpy as np
+import pytest
+from absl import flags
+
+from tf_tput import config, topology, tpu
+from tf_tput.errors import UsageError
+from tf_tput.systems import mtf as mtf_system
+
+tf = pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize("args, expect", [
+    ((None, None, None), "--strategy=tpu needs --tpu"),
+    (("grpc://10.0.0.2", None, None), "is not grpc://HOST:PORT"),
+    (("grpc://10.0.0.2:8470", "us-central1-a", None), "is an address already"),
+])
+def test_bad_tpu_flags_are_refused(args, expect):
+  with pytest.raises(UsageError, match=expect):
+    tpu.address_from_flags(*args)
+
+
+def test_good_tpu_flags_name_the_tpu():
+  assert tpu.address_from_flags("my-tpu", "us-central1-a", "proj") == tpu.TpuAddress(
+      "my-tpu", "us-central1-a", "proj")
+  assert tpu.address_from_flags("local", None, None).name == "local"
+
+
+def test_a_tpu_address_resolves_to_its_master_and_cluster():
+  resolver = tpu.cluster_resolver(tpu.TpuAddress("grpc://10.0.0.2:8470"))
+  assert isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver)
+  assert resolver.master() == "grpc://10.0.0.2:8470"
+  assert resolver.cluster_spec().as_dict() == {"worker": ["10.0.0.2:8470"]}
+  config_proto = tpu.session_config(tf, resolver)
+  assert config_proto.isolate_session_state
+  assert [job.name for job in config_proto.cluster_def.job] == ["worker"]
+  assert tpu.accelerator_kind(resolver).startswith("TPU (type unknown")
+
+
+def _v3_8():
+  """A v3-8's topology as initialize_system reports it: 2x2 chips, 2 cores each."""
+  coordinates = [[x, y, 0, core] for y in range(2) for x in range(2) for core in range(2)]
+  return tf.tpu.experimental.Topology(mesh_shape=[2, 2, 1, 2],
+                                      device_coordinates=np.array([coordinates]))
+
+
+def test_the_device_assignment_puts_one_replica_on_each_core():
+  assignment = tpu.device_assignment(tf, _v3_8(), 8)
+  assert assignment.num_replicas == 8 and assignment.num_cores_per_replica == 1
+  cores = {tuple(assignment.coordinates(r, 0)) for r in range(8)}
+  assert len(cores) == 8
+  assert {assignment.tpu_device(replica=r) for r in range(8)} == {
+      f"/task:0/device:TPU:{i}" for i in range(8)}
+  with pytest.raises(UsageError, match="needs 16 TPU cores but the slice has 8"):
+    tpu.device_assignment(tf, _v3_8(), 16)
+
+
+def _experiment(mesh_shape: str):
+  return config.load_experiment(["gin/models/t5_tiny.gin"], [
+      f"MeshConfig.mesh_shape = '{mesh_shape}'",
+      "MeshConfig.layout = 'batch:batch;d_ff:model;heads:model;vocab:model'"])
+
+
+def test_tpus_get_the_simd_mesh_implementation_other_devices_the_placement_one():
+  from tf_tput import compat
+  mtf, _ = compat.import_mtf()
+  if not flags.FLAGS.is_parsed():  # mtf's 4-D -> 3-D physical shape reads --fold_xy
+    flags.FLAGS.mark_as_parsed()
+  experiment = _experiment("batch:4;model:2")
+  assignment = tpu.device_assignment(tf, _v3_8(), 8)
+  on_tpu = topology.Topology("tf", "tpu", tuple(f"tpu{i}" for i in range(8)), "TPU v3",
+                             strategy="tpu", handles={"device_assignment": assignment})
+  impl = mtf_system.mesh_impl(mtf, experiment, on_tpu)
+  assert isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl)
+  assert impl.shape.to_integer_list == [4, 2] and impl.device_assignment is assignment
+  on_cpu = topology.Topology("tf", "cpu", tuple(f"/device:CPU:{i}" for i in range(8)),
+                             "cpu")
+  impl = mtf_system.mesh_impl(mtf, experiment, on_cpu)
+  assert isinstance(impl, mtf.placement_mesh_impl.PlacementMeshImpl)
+  assert impl.devices == list(on_cpu.devices)
