@@ -51,13 +51,16 @@ flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, grpc://host:8470, o
 flags.DEFINE_string("tpu_zone", None, "tpu: its GCP zone (unset: from the metadata).")
 flags.DEFINE_string("gcp_project", None, "tpu: its GCP project (unset: from the metadata).")
 flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
+flags.DEFINE_string("trace_dir", None, "--system=mtf: after the measured steps, run one "
+                    "more step under TF's full trace, write its Chrome trace to "
+                    "DIR/<run id>.trace.json and print where each device's time went.")
 flags.DEFINE_integer("log_every", 10, "Log progress every this many measured steps.")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
                  "global_batch": "TrainConfig.global_batch"}
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
-             "steps", "warmup_steps", "global_batch", "tensorboard_dir", "log_every",
+             "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir", "log_every",
              "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
 
 
@@ -168,6 +171,14 @@ def _check_strategy(experiment):
   return address
 
 
+def _trace_one_step(trainer, batches, run_id: str) -> None:
+  """An extra, unmeasured step under TF's trace; its summary goes to stdout."""
+  from tf_tput import tf_trace
+  path = os.path.join(FLAGS.trace_dir, f"{run_id}.trace.json")
+  rows, wall_s = trainer.trace_step(next(batches), path)
+  print(tf_trace.format_summary(rows, wall_s) + f"\nChrome trace: {path}", flush=True)
+
+
 def run() -> int:
   systems.check_name(FLAGS.system)
   experiment = _experiment()
@@ -183,6 +194,11 @@ def run() -> int:
   malformed = results.check_appendable(FLAGS.results) if writes_record else []
   if FLAGS.tensorboard_dir and writes_record:
     _check_writable_dir(FLAGS.tensorboard_dir, "--tensorboard_dir")
+  if FLAGS.trace_dir:
+    if FLAGS.system != "mtf" or FLAGS.strategy == "tpu":
+      raise UsageError(f"--trace_dir traces a TF Session step: it needs --system=mtf on "
+                       f"CPUs/GPUs, not --system={FLAGS.system} --strategy={FLAGS.strategy}")
+    _check_writable_dir(FLAGS.trace_dir, "--trace_dir")
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
                     problem)
@@ -229,6 +245,8 @@ def run() -> int:
           trainer, batches, experiment.train.steps, experiment.train.warmup_steps,
           log_every=FLAGS.log_every, on_step=writer.write if writer else None)
       device_memory = trainer.device_memory_bytes()
+      if FLAGS.trace_dir and not measurement.error:
+        _trace_one_step(trainer, batches, run_id)
     finally:
       trainer.close()
   finally:

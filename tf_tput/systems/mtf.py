@@ -12,6 +12,7 @@ model with the SIMD implementation.
 """
 
 import logging
+import time
 from typing import Optional
 
 from tf_tput import cluster, compat, data, errors
@@ -182,6 +183,21 @@ class MtfTrainer:
                            f"{errors.one_line(e, limit=200)}") from e
       raise
     return float(loss)
+
+  def trace_step(self, batch: dict, path: str) -> tuple:
+    """One step (unmeasured) under TF's full trace: (tf_trace.DeviceTime rows, wall s);
+    its Chrome trace is written to path."""
+    from tf_tput import tf_trace
+    tf1 = self._tf.compat.v1
+    feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    metadata = tf1.RunMetadata()
+    start = time.perf_counter()
+    self._session.run([self._loss, self._train_op], feed_dict=feed, options=options,
+                      run_metadata=metadata)
+    wall_s = time.perf_counter() - start
+    tf_trace.write_chrome_trace(metadata.step_stats, path)
+    return tf_trace.summarize(metadata.step_stats), wall_s
 
   def export_variables(self) -> dict:
     """Current trainable values by mtf variable name (as tf_tput.models names them)."""
