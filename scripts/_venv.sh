@@ -8,17 +8,24 @@ if [ ! -x .venv/bin/python ]; then
   echo "creating .venv with $($PYTHON --version)" >&2
   "$PYTHON" -m venv .venv
 fi
-stamp=".venv/.tf_tput_installed"
-want="$(cat setup.py | sha256sum | cut -d' ' -f1) extras=${TF_TPUT_EXTRAS}"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "installing tf_tput[${TF_TPUT_EXTRAS}] into .venv (setup.py changed or first run)" >&2
+stamp=".venv/.tf_tput_installed"  # "<sha256 of setup.py> extras=a,b,c" once installed
+setup_hash="$(sha256sum setup.py | cut -d' ' -f1)"
+installed_hash="" installed_extras=""
+if [ -f "$stamp" ]; then
+  read -r installed_hash installed_extras < "$stamp" || true
+  installed_extras="${installed_extras#extras=}"
+fi
+# Keep every extra installed so far: scripts asking for fewer do not reinstall.
+extras="$(printf '%s\n' ${TF_TPUT_EXTRAS//,/ } ${installed_extras//,/ } | sort -u | paste -sd, -)"
+if [ "$installed_hash" != "$setup_hash" ] || [ "$extras" != "$installed_extras" ]; then
+  echo "installing tf_tput[${extras}] into .venv (setup.py or the extras changed, or first run)" >&2
   log=".venv/pip-install.log"
   if ! { .venv/bin/python -m pip install --upgrade pip \
-         && .venv/bin/python -m pip install -e ".[${TF_TPUT_EXTRAS}]"; } > "$log" 2>&1; then
+         && .venv/bin/python -m pip install -e ".[${extras}]"; } > "$log" 2>&1; then
     grep -v "^WARNING: Location" "$log" | tail -20 >&2
     echo "error: installing into .venv failed (full log: $ROOT/$log)" >&2
     exit 1
   fi
-  echo "$want" > "$stamp"
+  echo "$setup_hash extras=$extras" > "$stamp"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -51,8 +51,8 @@ def main(argv=None) -> None:
   config = tf.compat.v1.ConfigProto(device_count={"CPU": args.devices})
   server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                 task_index=resolver.task_id, config=config, start=True)
-  print(f"{resolver.task_type} {resolver.task_id} {READY_MARKER[:-len('grpc://')]}"
-        f"{server.target}", flush=True)
+  # server.target is grpc://host:port: the line contains READY_MARKER.
+  print(f"{resolver.task_type} {resolver.task_id} serving {server.target}", flush=True)
   server.join()
 
 
