@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import pathlib
 import sys
 from typing import Optional, Sequence
@@ -273,12 +274,20 @@ def validate(run: Run) -> str:
   what it would train (tf_tput.models arithmetic). UsageError names the run."""
   if run.module != TRAIN_MODULE:
     return " ".join(run.args("...")[:-1])
+  # gin probes each include (gin/models/t5_common.gin) as a Python-path resource
+  # before its search path and logs a miss at ERROR on the root logger: from outside
+  # the repository, two stray lines per run although the include is then found.
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
   try:
     experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
     if "num_cpu_devices" in run.flags:
       config.validate(experiment, num_devices=run.flags["num_cpu_devices"])
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
+  finally:
+    root.setLevel(level)
   m, d = experiment.model, experiment.data
   inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
   tokens = experiment.train.global_batch * models.tokens_per_example(
