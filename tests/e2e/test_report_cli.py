@@ -58,7 +58,7 @@ def test_report_directory_has_markdown_csv_and_valid_pngs(tmp_path):
   for name in pngs:
     assert f"]({name})" in report
   assert f"`{train}:3`: not JSON" in report
-  assert "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | 8 | 100 [" in report
+  assert "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 | 100 [" in report
   assert "| 32 | 618,000 | 618,000 |" in report  # published, in their own columns
   assert "step 3: boom" in report and "not applicable" in report
   with open(out / "results.csv", newline="") as f:

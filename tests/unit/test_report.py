@@ -56,7 +56,7 @@ def _fixture_records() -> list:
 
 def test_table1_ok_failed_missing_and_published():
   header, rows = tables.table1(_fixture_records())
-  assert header[6:9] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
+  assert header[7:10] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
   assert "jax/mtf" in header
   assert header[-3:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
                          "published Pathways tokens/s (TPUv3)"]

@@ -36,10 +36,10 @@ def verdict(old_band: tuple, new_band: tuple, old_samples: int, new_samples: int
 
 def _label(key: tuple, schema: str) -> str:
   if schema == results.SCHEMA:
-    model, dtype, mesh, _, devices, batch, inputs, targets, processes, system = key
+    model, dtype, mesh, _, devices, batch, inputs, targets, processes, strategy, system = key
     lengths = f"{inputs}/{targets}" if inputs else f"{targets}"
-    return (f"{model} {system} {dtype} mesh {mesh} ({devices} dev, {processes} proc) "
-            f"batch {batch} len {lengths}")
+    return (f"{model} {system} {dtype} mesh {mesh} ({devices} dev, {processes} proc, "
+            f"{strategy}) batch {batch} len {lengths}")
   system, mode, hosts, per_host, chain, computations, matmul_n = key
   return (f"micro {system} {mode} {hosts} host(s) x {per_host}, chain {chain}, "
           f"{computations} computations" + (f", matmul {matmul_n}" if matmul_n else ""))

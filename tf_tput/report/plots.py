@@ -26,13 +26,14 @@ def _save(fig, path: str) -> str:
 
 
 def _config_label(r: dict) -> str:
-  return f"{r['model']}\n{r['dtype']} {r['mesh_shape']}\nbatch {r['global_batch']}"
+  return (f"{r['model']}\n{r['dtype']} {r['mesh_shape']}\nbatch {r['global_batch']}"
+          + ("" if r["strategy"] == "local" else f", {r['strategy']}"))
 
 
 def tokens_per_sec(records: list, path: str):
   """Bars: median tokens/s per configuration (groups) and system (bars), whiskers
   the spread; log scale, since tiny and base models differ a hundredfold."""
-  configs = tables.group(records, lambda r: tables._config(r) + (r["num_processes"],))
+  configs = tables.group(records, tables.row_key)
   names = tables.systems_in(records)
   if not any(r["status"] == "ok" for r in records):
     return None

@@ -20,12 +20,12 @@ CONFIG_KEYS = ("model", "dtype", "mesh_shape", "layout", "num_devices", "global_
                "inputs_length", "targets_length")
 
 
-def _config(r: dict) -> tuple:
+def config_key(r: dict) -> tuple:
   return tuple(r[k] for k in CONFIG_KEYS)
 
 
 def _ratio(r: dict, baselines: dict) -> str:
-  base = baselines.get(_config(r))
+  base = baselines.get(config_key(r))
   if not base or not r["tokens_per_sec"]:
     return "-"
   return f"{r['tokens_per_sec'] / base:.2f}x"
@@ -72,7 +72,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
 def format_table(records: list) -> str:
   """One row per record; "vs mtf" is tokens/s over the baseline's on the same config
   (its latest ok record)."""
-  baselines = {_config(r): r["tokens_per_sec"] for r in records
+  baselines = {config_key(r): r["tokens_per_sec"] for r in records
                if r["system"] == BASELINE_SYSTEM and r["status"] == "ok"}
   peaks = best_peaks(records)
   rows = [COLUMNS] + [_row(r, baselines, peaks) for r in records]
@@ -86,9 +86,15 @@ def format_table(records: list) -> str:
 # --------------------------------------------------------------------------------
 # Grouping and spread, shared by report.md, the plots and --compare.
 
+def row_key(r: dict) -> tuple:
+  """One row of the Table-1 table: the configuration, run the same way (processes
+  and strategy: a multi-process run of a system is not its local run)."""
+  return config_key(r) + (r["num_processes"], r["strategy"])
+
+
 def train_key(r: dict) -> tuple:
   """What makes two train records the same configuration on the same system."""
-  return _config(r) + (r["num_processes"], r["system"])
+  return row_key(r) + (r["system"],)
 
 
 def group(records: list, key) -> dict:
@@ -166,18 +172,19 @@ def table1(records: list) -> tuple:
   """(header, rows): one row per configuration, per system its tokens/s with spread
   and MFU, each system's ratio to the baseline, then the published figures."""
   names = systems_in(records)
-  header = ["model", "params", "dtype", "devices", "mesh", "batch"]
+  header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch"]
   for s in names:
     header += [f"{s} tokens/s [spread]", f"{s} MFU", f"{s} runs"]
   header += [f"{s}/{BASELINE_SYSTEM}" for s in names if s != BASELINE_SYSTEM]
   header += ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
              "published Pathways tokens/s (TPUv3)"]
-  by_config = group(records, lambda r: _config(r) + (r["num_processes"],))
+  by_config = group(records, row_key)
   rows = []
   for runs in by_config.values():
     first = runs[0]
     row = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", first["dtype"],
-           str(first["num_devices"]), first["mesh_shape"], str(first["global_batch"])]
+           str(first["num_devices"]), first["mesh_shape"], first["strategy"],
+           str(first["global_batch"])]
     medians = {}
     for s in names:
       ok = [r for r in runs if r["system"] == s and r["status"] == "ok"]

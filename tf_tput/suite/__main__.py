@@ -110,7 +110,7 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
   return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _outcome(run, ending: str, new_records: list, log_path) -> tuple:
+def _outcome(ending: str, new_records: list, log_path) -> tuple:
   """(status word, one-line description) of a finished run."""
   if not new_records:
     return "died", (f"{ending}, no record written; log {log_path}: "
@@ -182,7 +182,7 @@ def run() -> int:
       durations.setdefault(r.group, []).append(time.monotonic() - run_started)
       new = [rec for rec in results.read(results_path)[0]
              if rec["run_id"] not in seen and suites.record_key(rec) == r.key]
-      status, line = _outcome(r, ending, new, log_path)
+      status, line = _outcome(ending, new, log_path)
       finished += 1
       if status in ("failed", "died"):
         failures.append(f"{r.label}: {line}")
