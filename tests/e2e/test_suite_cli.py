@@ -117,3 +117,20 @@ def test_dry_run_validates_the_paper_suites_and_runs_nothing(tmp_path):
   assert "t5_11b jax bfloat16 data32_model16 batch 128" in proc.stdout
   assert "512 devices" in proc.stdout and proc.stderr == ""
   assert not (tmp_path / "results").exists()
+
+
+def test_a_micro_suite_records_each_run_and_resumes(tmp_path, no_leftover_processes):
+  suite = tmp_path / "micro.gin"
+  suite.write_text("Suite.name = 'micro'\nSuite.matrices = [@MicroMatrix()]\n"
+                   "MicroMatrix.systems = ['jax']\nMicroMatrix.modes = ['opbyop', 'chained']\n"
+                   "MicroMatrix.hosts = [1]\nMicroMatrix.chain_length = 8\n"
+                   "MicroMatrix.computations = 16\nMicroMatrix.repeats = 1\n")
+  out = tmp_path / "micro.jsonl"
+  proc = run_cli("tf_tput.suite", f"--suite={suite}", f"--results={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert [(r["mode"], r["status"]) for r in _records(out)] == [
+      ("opbyop", "ok"), ("chained", "not_applicable")]
+  before = out.read_text()
+  proc = run_cli("tf_tput.suite", f"--suite={suite}", f"--results={out}")
+  assert proc.returncode == 0 and "2 already done" in proc.stdout
+  assert out.read_text() == before
