@@ -68,11 +68,12 @@ def _console(train: list, micro: list) -> None:
     print("tokens/s counts non-padding tokens over measured steps (warmup excluded); "
           "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
           "the best peak measured on the same hardware and dtype in these files.")
-  if micro:
+  scalar = [r for r in micro if not r["matmul_n"]]  # crossover records: results.csv
+  if scalar:
     if train:
       print()
     print("computations/s (median over runs [range of timed repeats]):")
-    print(_aligned(*tables.micro_table([r for r in micro if not r["matmul_n"]])))
+    print(_aligned(*tables.micro_table(scalar)))
 
 
 def write_report(out: str, train: list, micro: list, sources: list, problems: list) -> list:
