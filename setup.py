@@ -25,6 +25,7 @@ setup(
         "numpy>=1.26,<3",
         "tensorboard>=2.16,<2.22",
         "tensorflow-datasets>=4.9,<4.10",
+        "matplotlib>=3.10,<4",        # tf_tput.report's PNG plots (Agg backend, no display)
     ],
     extras_require={
         "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3"],

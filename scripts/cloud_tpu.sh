@@ -67,7 +67,7 @@ remote_results="results/cloud_tpu.jsonl"  # under ~/tf_tput on the VM
 if [ -n "$train_args" ]; then
   workload="python -m tf_tput.train --strategy=tpu --tpu=local $train_args --results=$remote_results"
 else
-  workload="python -m tf_tput.suite --suite=$suite --results=$remote_results --strategy=tpu --tpu=local"
+  workload="python -m tf_tput.suite --suite=$suite --results=$remote_results --train_flag=--tpu=local"
 fi
 # tf_tput's setup.py asks for tensorflow-cpu; on the TPU VM it is swapped for the
 # tensorflow-tpu wheel that matches the image's libtpu.

@@ -22,7 +22,7 @@ def test_a_dry_run_creates_installs_runs_copies_back_and_deletes():
   assert "--accelerator-type=v4-8" in commands[0] and "--project=proj" in commands[0]
   assert any("tensorflow-tpu" in c for c in commands)
   [workload] = [c for c in commands if "tf_tput.suite" in c]
-  assert "--strategy=tpu" in workload and "table1_paper.gin" in workload
+  assert "--train_flag=--tpu=local" in workload and "table1_paper.gin" in workload
   assert any("tpu-vm scp vm1:tf_tput/results/cloud_tpu.jsonl out/" in c for c in commands)
   assert commands[-1].startswith("+ gcloud compute tpus tpu-vm delete vm1")
 

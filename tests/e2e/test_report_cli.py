@@ -1,0 +1,106 @@
+"""tf_tput.report end to end: report directory, PNG files, malformed lines, --compare."""
+
+import csv
+import json
+import struct
+
+from cli_helpers import error_lines, run_cli
+from record_fixtures import micro_record, train_record
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path, records, malformed_at=None) -> None:
+  lines = [json.dumps(r) for r in records]
+  if malformed_at:
+    lines.insert(malformed_at - 1, '{"schema": "tf_tput.result/1", "truncated')
+  path.write_text("\n".join(lines) + "\n")
+
+
+def _png_size(path) -> tuple:
+  """(width, height) of a PNG file, checking its signature and first chunk."""
+  data = path.read_bytes()
+  assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+  assert data[12:16] == b"IHDR"
+  return struct.unpack(">II", data[16:24])
+
+
+def _fixture_files(tmp_path) -> tuple:
+  train = tmp_path / "train.jsonl"
+  _write(train, [train_record("t5_base", "mtf", 100.0, step_s=(19, 20, 21), run_id="a"),
+                 train_record("t5_base", "jax", 330.0, step_s=(6, 6.2, 6.5), run_id="b"),
+                 train_record("t5_small", "mtf", 800.0, run_id="c"),
+                 train_record("t5_small", "jax", status="failed", run_id="d")],
+         malformed_at=3)
+  micro = tmp_path / "micro.jsonl"
+  _write(micro, [micro_record("tf", "opbyop", hosts=h, run_id=f"t{h}") for h in (1, 2)]
+         + [micro_record("jax", "opbyop", hosts=h, repeats=(9e3, 1e4, 1.1e4),
+                         run_id=f"j{h}") for h in (1, 2)]
+         + [micro_record("jax", "chained", status="not_applicable", run_id="n")])
+  return train, micro
+
+
+def test_report_directory_has_markdown_csv_and_valid_pngs(tmp_path):
+  train, micro = _fixture_files(tmp_path)
+  out = tmp_path / "report"
+  proc = run_cli("tf_tput.report", f"--results={train},{micro}", f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  # The malformed line is named with its line number; the rest is read.
+  assert f"warning: {train}:3: not JSON" in proc.stderr
+  pngs = sorted(p.name for p in out.glob("*.png"))
+  assert pngs == ["fig5_dispatch.png", "step_times.png", "tokens_per_sec.png"]
+  for name in pngs:
+    path = out / name
+    width, height = _png_size(path)
+    assert width >= 600 and height >= 300, (name, width, height)
+    assert path.stat().st_size > 5000, name
+  report = (out / "report.md").read_text()
+  for name in pngs:
+    assert f"]({name})" in report
+  assert f"`{train}:3`: not JSON" in report
+  assert "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 | 100 [" in report
+  assert "| 32 | 618,000 | 618,000 |" in report  # published, in their own columns
+  assert "step 3: boom" in report and "not applicable" in report
+  with open(out / "results.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["run_id"] for r in rows] == ["a", "b", "c", "d", "t1", "t2", "j1", "j2", "n"]
+  assert rows[0]["tokens_per_sec"] == "100.0" and rows[4]["schema"] == "tf_tput.micro/1"
+
+
+def test_console_table_without_out(tmp_path):
+  train, micro = _fixture_files(tmp_path)
+  proc = run_cli("tf_tput.report", f"--results={train},{micro}")
+  assert proc.returncode == 0, proc.stderr
+  assert "vs mtf" in proc.stdout and "3.30x" in proc.stdout  # jax / mtf on t5_base
+  assert "failed: step 3: boom" in proc.stdout
+  assert "jax opbyop" in proc.stdout and "not applicable" in proc.stdout
+  assert f"warning: {train}:3:" in proc.stderr
+  assert not list(tmp_path.glob("*.png"))
+
+
+def test_compare_gives_a_noise_aware_verdict(tmp_path):
+  old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+  _write(old, [train_record("t5_tiny", tokens_per_sec=2048.0, step_s=(0.9, 1.0, 1.1)),
+               train_record("t5_small", tokens_per_sec=2048.0, step_s=(0.9, 1.0, 1.1))])
+  _write(new, [train_record("t5_tiny", tokens_per_sec=4096.0, step_s=(0.45, 0.5, 0.55)),
+               train_record("t5_small", tokens_per_sec=2150.0, step_s=(0.85, 0.95, 1.05))])
+  proc = run_cli("tf_tput.report", f"--compare={old}", f"--against={new}")
+  assert proc.returncode == 0, proc.stderr
+  lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:3]}
+  assert "2.00x" in lines["t5_tiny"] and "faster (beyond the spread)" in lines["t5_tiny"]
+  assert "1.05x" in lines["t5_small"] and "within noise" in lines["t5_small"]
+
+
+def test_bad_report_input_is_one_error_line(tmp_path):
+  train, _ = _fixture_files(tmp_path)
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  for args, expect in (([f"--results={tmp_path / 'none.jsonl'}"], "none.jsonl"),
+                       ([f"--results={train}", f"--out={blocker / 'r'}"], "--out="),
+                       ([f"--compare={train}"], "--against"),
+                       ([f"--compare={train}", f"--against={tmp_path / 'x.jsonl'}"],
+                        "x.jsonl")):
+    proc = run_cli("tf_tput.report", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert len(error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
+    assert expect in error_lines(proc.stderr)[0]

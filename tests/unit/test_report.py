@@ -1,0 +1,138 @@
+"""tf_tput/report: tables, spreads, comparison verdicts, CSV rows, report.md, and the
+published figures against the shared reference file."""
+
+import json
+
+import pytest
+
+from tf_tput import REPO_ROOT
+from tf_tput.report import compare, document, published, tables
+
+from record_fixtures import micro_record, train_record
+
+SHARED_REFERENCE = REPO_ROOT.parent / "shared" / "reference" / "pathways_2022.json"
+
+
+def test_published_figures_equal_the_shared_reference():
+  if not SHARED_REFERENCE.is_file():
+    pytest.skip(f"{SHARED_REFERENCE} is not on this machine")
+  ref = json.loads(SHARED_REFERENCE.read_text())
+  assert {row["model"]: (row["params_as_published"], row["tpu_cores"], row["jax"],
+                         row["pathways"]) for row in ref["table1_t5"]["rows"]} == \
+      published.TABLE1_T5
+  assert [(r["config"], r["stages"], r["micro_batches"], r["tpu_cores"],
+           r["tokens_per_sec"]) for r in ref["table2_decoder_3b"]["rows"]] == \
+      published.TABLE2_DECODER_3B
+  assert [(r["hosts"], r["tpus"], r["config"], r["ms"])
+          for r in ref["fig6_crossover"]["rows"]] == published.FIG6_CROSSOVER_MS
+  assert ref["table1_t5"]["hardware"] == published.HARDWARE
+  assert ref["paper"] == published.CITATION
+
+
+def test_one_run_spread_is_its_p10_p90_step_rate():
+  r = train_record(tokens_per_sec=2000.0, step_s=(0.8, 1.0, 1.6))
+  median, low, high = tables.tokens_band([r])
+  assert median == 2000.0
+  assert low == pytest.approx(2048 / 1.6) and high == pytest.approx(2048 / 0.8)
+
+
+def test_several_runs_spread_covers_run_to_run_range():
+  runs = [train_record(tokens_per_sec=t, step_s=(2048 / t,) * 3, run_id=str(t))
+          for t in (1000.0, 1500.0, 3000.0)]
+  assert tables.tokens_band(runs) == (1500.0, pytest.approx(1000.0), pytest.approx(3000.0))
+
+
+def _fixture_records() -> list:
+  return [
+      train_record("t5_base", "mtf", 100.0, step_s=(19, 20, 21), run_id="a"),
+      train_record("t5_base", "mtf", 120.0, step_s=(16, 17, 18), run_id="b"),
+      train_record("t5_base", "jax", 330.0, step_s=(6, 6.2, 6.5), run_id="c"),
+      train_record("t5_small", "mtf", 800.0, run_id="d"),
+      train_record("t5_small", "jax", status="failed", run_id="e"),
+      train_record("decoder_tiny", "jax", 40000.0, arch="decoder", inputs_length=None,
+                   run_id="f"),
+  ]
+
+
+def test_table1_ok_failed_missing_and_published():
+  header, rows = tables.table1(_fixture_records())
+  assert header[7:10] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
+  assert "jax/mtf" in header
+  assert header[-3:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
+                         "published Pathways tokens/s (TPUv3)"]
+  by_model = {row[0]: dict(zip(header, row)) for row in rows}
+  base = by_model["t5_base"]
+  assert base["mtf tokens/s [spread]"].startswith("110 ")  # median of 100 and 120
+  assert base["mtf runs"] == "2"
+  assert base["jax/mtf"] == f"{330 / 110:.2f}x"
+  assert (base["published TPUv3 cores"], base["published JAX tokens/s (TPUv3)"],
+          base["published Pathways tokens/s (TPUv3)"]) == ("32", "618,000", "618,000")
+  small = by_model["t5_small"]
+  assert small["jax tokens/s [spread]"] == "failed" and small["jax runs"] == "0 (1 failed)"
+  assert small["jax/mtf"] == "–" and small["published TPUv3 cores"] == "–"
+  assert by_model["decoder_tiny"]["mtf tokens/s [spread]"] == "not run"
+
+
+def test_micro_table_statuses_and_order():
+  records = [micro_record("jax", "opbyop", run_id="1"),
+             micro_record("jax", "chained", status="not_applicable", run_id="2"),
+             micro_record("tf", "opbyop", repeats=(10.0, 20.0, 30.0), run_id="3"),
+             micro_record("tf", "opbyop", hosts=2, status="failed", run_id="4")]
+  header, rows = tables.micro_table(records)
+  assert header == ["hosts", "devices", "tf opbyop", "jax opbyop", "jax chained"]
+  assert rows[0] == ["1", "2", "20 [10–30]", "1,000 [900–1.1k]", "not applicable"]
+  assert rows[1] == ["2", "4", "failed", "not run", "not run"]
+
+
+@pytest.mark.parametrize("old_step, new_step, new_tps, expect", [
+    ((0.9, 1.0, 1.1), (0.45, 0.5, 0.55), 4096.0, compare.FASTER),
+    ((0.9, 1.0, 1.1), (1.8, 2.0, 2.2), 1024.0, compare.SLOWER),
+    ((0.9, 1.0, 1.1), (0.85, 0.95, 1.05), 2150.0, compare.NOISE),
+])
+def test_compare_verdicts(old_step, new_step, new_tps, expect):
+  old = [train_record(tokens_per_sec=2048.0, step_s=old_step)]
+  new = [train_record(tokens_per_sec=new_tps, step_s=new_step)]
+  header, rows, notes = compare.compare(old, new)
+  assert len(rows) == 1 and notes == []
+  row = dict(zip(header, rows[0]))
+  assert row["verdict"] == expect
+  assert row["new/old"] == f"{new_tps / 2048:.2f}x"
+
+
+def test_compare_with_too_few_steps_is_undetermined_and_unmatched_are_named():
+  old = [train_record(steps=10), train_record("t5_small", run_id="x")]
+  new = [train_record(steps=1, tokens_per_sec=100.0), micro_record()]
+  _, rows, notes = compare.compare(old, new)
+  assert len(rows) == 1 and rows[0][-1].startswith("undetermined")
+  assert any("only in --compare" in n and "t5_small" in n for n in notes)
+  assert any("only in --against" in n and "micro tf opbyop" in n for n in notes)
+
+
+def test_compare_micro_uses_repeats():
+  old = [micro_record(repeats=(900.0, 1000.0, 1100.0))]
+  new = [micro_record(repeats=(1500.0, 1600.0, 1700.0))]
+  _, rows, _ = compare.compare(old, new)
+  assert rows[0][-1] == compare.FASTER
+
+
+def test_csv_rows_fit_the_columns():
+  columns = set(tables.csv_columns())
+  for r in _fixture_records() + [micro_record()]:
+    row = tables.csv_row(r)
+    assert set(row) <= columns, set(row) - columns
+    assert "config" not in row
+  assert tables.csv_row(_fixture_records()[0])["step_time_p90_s"] == 21
+
+
+def test_report_markdown_sections():
+  train = _fixture_records()
+  micro = [micro_record(), micro_record("ray", status="skipped", run_id="s")]
+  text = document.render(train, micro, [("a.jsonl", 6, 2)], [("a.jsonl", 3, "not JSON")],
+                         {"tokens_per_sec": "tokens_per_sec.png", "fig5": "fig5_dispatch.png"})
+  for needle in ("## Training throughput (Table 1 style)", "![tokens/s per system",
+                 "### Failed runs", "t5_small jax float32", "step 3: boom",
+                 "## Dispatch micro-benchmarks (Fig. 5 style)", "ray opbyop 1 host(s): skipped",
+                 "## Published figures", published.CITATION, "## Conventions",
+                 "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
+    assert needle in text, needle
+  assert "![step times" not in text  # not drawn, so not linked

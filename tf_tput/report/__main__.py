@@ -1,0 +1,148 @@
+"""Result files -> a console table, or a report directory, or a comparison.
+
+    python -m tf_tput.report --results=results/bench.jsonl[,more.jsonl]
+    python -m tf_tput.report --results=a.jsonl,b.jsonl --out=reports/today
+    python -m tf_tput.report --compare=old.jsonl --against=new.jsonl
+
+--out writes report.md (tables, plots, published figures, conventions, versions and
+hardware), results.csv (every record) and PNG plots. Malformed lines are reported
+with their line numbers and skipped; the rest is read.
+"""
+
+import csv
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from tf_tput import errors, results
+from tf_tput.errors import UsageError
+from tf_tput.report import compare as compare_lib
+from tf_tput.report import document, tables
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("results", ["results/runs.jsonl"], "Comma-separated result files "
+                  "(training and micro-benchmark records).")
+flags.DEFINE_string("out", None, "Write report.md, results.csv and PNG plots into this "
+                    "directory (created). Without it, print tables on the console.")
+flags.DEFINE_string("compare", None, "Old result file; with --against, compare "
+                    "each configuration they share.")
+flags.DEFINE_string("against", None, "New result file compared with --compare.")
+
+# Plot name -> file written into --out.
+PLOT_FILES = {"tokens_per_sec": "tokens_per_sec.png", "step_times": "step_times.png",
+              "fig5": "fig5_dispatch.png"}
+
+
+def _read(paths: list, flag: str) -> tuple:
+  """(train records, micro records, sources, problems) of every file."""
+  train, micro, sources, problems = [], [], [], []
+  for path in paths:
+    if not os.path.isfile(path):
+      raise UsageError(f"{flag}: {path} is not a file; pass result files written by "
+                       "tf_tput.train / tf_tput.micro / tf_tput.suite")
+    found, bad = results.read(path)
+    for number, problem in bad:
+      print(f"warning: {path}:{number}: {problem}; skipped", file=sys.stderr)
+      problems.append((path, number, problem))
+    t = [r for r in found if r["schema"] == results.SCHEMA]
+    m = [r for r in found if r["schema"] == results.MICRO_SCHEMA]
+    train, micro = train + t, micro + m
+    sources.append((path, len(t), len(m)))
+  return train, micro, sources, problems
+
+
+def _aligned(header: list, rows: list) -> str:
+  table = [header] + rows
+  widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+                   for row in table)
+
+
+def _console(train: list, micro: list) -> None:
+  if train:
+    print(tables.format_table(train))
+    peaks = sorted({r["peak_source"] for r in train})
+    print("\nMFU peak: " + "; ".join(peaks))
+    print("tokens/s counts non-padding tokens over measured steps (warmup excluded); "
+          "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
+          "the best peak measured on the same hardware and dtype in these files.")
+  scalar = [r for r in micro if not r["matmul_n"]]  # crossover records: results.csv
+  if scalar:
+    if train:
+      print()
+    print("computations/s (median over runs [range of timed repeats]):")
+    print(_aligned(*tables.micro_table(scalar)))
+
+
+def write_report(out: str, train: list, micro: list, sources: list, problems: list) -> list:
+  """Writes the report directory; returns the paths written."""
+  from tf_tput.report import plots  # matplotlib only when plots are drawn
+  try:
+    os.makedirs(out, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--out={out} cannot be created ({e.strerror}); choose another "
+                     "directory") from None
+  written = {}
+  drawers = {"tokens_per_sec": (plots.tokens_per_sec, train),
+             "step_times": (plots.step_times, train), "fig5": (plots.fig5, micro)}
+  for name, (draw, records) in drawers.items():
+    if records and draw(records, os.path.join(out, PLOT_FILES[name])):
+      written[name] = PLOT_FILES[name]
+  csv_path = os.path.join(out, "results.csv")
+  with open(csv_path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=tables.csv_columns())
+    writer.writeheader()
+    for r in train + micro:
+      writer.writerow(tables.csv_row(r))
+  md_path = os.path.join(out, "report.md")
+  with open(md_path, "w") as f:
+    f.write(document.render(train, micro, sources, problems, written))
+  return [md_path, csv_path] + [os.path.join(out, f) for f in written.values()]
+
+
+def _compare() -> int:
+  if not (FLAGS.compare and FLAGS.against):
+    raise UsageError("--compare and --against go together: --compare=old.jsonl "
+                     "--against=new.jsonl")
+  if FLAGS["results"].present or FLAGS.out:
+    raise UsageError("--compare/--against print a comparison; drop --results / --out "
+                     "(or run the report separately)")
+  old = _read([FLAGS.compare], "--compare")
+  new = _read([FLAGS.against], "--against")
+  header, rows, notes = compare_lib.compare(old[0] + old[1], new[0] + new[1])
+  if not rows:
+    raise UsageError(f"{FLAGS.compare} and {FLAGS.against} share no configuration with "
+                     "ok records; compare files of the same suite or benchmark")
+  print(_aligned(header, rows))
+  for note in notes:
+    print(note)
+  print("verdict: faster / slower only when the new spread lies wholly above / below "
+        "the old one (spread: every run's p10-p90 step rate and tokens/s; "
+        "micro: the repeats' range)")
+  return 0
+
+
+def run() -> int:
+  if FLAGS.compare or FLAGS.against:
+    return _compare()
+  train, micro, sources, problems = _read(FLAGS.results, "--results")
+  if not train and not micro:
+    print(f"error: no result records in {','.join(FLAGS.results)}; run "
+          "python -m tf_tput.train first", file=sys.stderr)
+    return 1
+  if FLAGS.out is None:
+    _console(train, micro)
+    return 0
+  for path in write_report(FLAGS.out, train, micro, sources, problems):
+    print(f"wrote {path}")
+  return 0
+
+
+def main(argv) -> int:
+  return errors.run_entry_point(run, argv)
+
+
+if __name__ == "__main__":
+  app.run(main)

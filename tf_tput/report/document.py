@@ -1,0 +1,149 @@
+"""report.md: the tables, the plots, the published figures, the conventions, the
+versions and hardware, for the records of one or more result files."""
+
+import datetime
+
+from tf_tput.report import published, tables
+
+CONVENTIONS = [
+    "**Warmup**: each run's first `warmup_steps` steps (graph build / compilation "
+    "included) run but are not measured; `steps` counts measured steps.",
+    "**tokens/s** = non-padding tokens of the measured steps / (completion time of "
+    "the last measured step − completion time of the last warmup step). Each step "
+    "returns its loss to the host, so it has finished when the clock reads.",
+    "**Tokens**: encoder inputs + decoder targets for T5 (encoder-decoder); targets "
+    "for decoder-only models.",
+    "**Spread** (brackets, whiskers): it covers every run's p10–p90 step rate "
+    "(tokens per step / p90 and / p10 step time) and every run's tokens/s, so one "
+    "run shows its step-to-step noise and several runs their run-to-run range. "
+    "Micro-benchmarks: the range of the timed repeats.",
+    "**Model FLOPs** = 3 × forward matmul FLOPs (2 per multiply-add): every dense "
+    "projection, attention scores and values in full, output logits; embeddings, "
+    "norms and elementwise ops not counted (tf_tput/models.py).",
+    "**MFU** = model FLOP/s / (peak FLOP/s per device × devices), against the peak "
+    "each run records (`peak_source`, listed below): a table entry on accelerators, "
+    "a matmul measured in the run's own framework on CPUs.",
+    "**Step times** are recorded as statistics (median, mean, p10, p90, min, max), "
+    "not step by step; the step-time plot draws exactly those.",
+    "**Virtual CPU devices** share the host's cores: a multi-device CPU run measures "
+    "partitioning overhead, not a speed-up. Micro-benchmark hosts are local "
+    "processes talking over loopback.",
+]
+
+
+def _published_section() -> list:
+  t1 = tables.markdown(
+      ["model", "params (published)", "TPUv3 cores", "JAX tokens/s", "Pathways tokens/s"],
+      [[m, p, c, f"{j:,}", f"{pw:,}"] for m, (p, c, j, pw) in published.TABLE1_T5.items()])
+  t2 = tables.markdown(
+      ["configuration", "stages", "micro-batches", "TPUv3 cores", "Pathways tokens/s"],
+      [[c, s or "–", m or "–", cores, f"{tps:,}"]
+       for c, s, m, cores, tps in published.TABLE2_DECODER_3B])
+  f6 = "; ".join(f"{h} hosts ({t} TPUs, configuration {c}): {ms} ms"
+                 for h, t, c, ms in published.FIG6_CROSSOVER_MS)
+  return ["## Published figures", "",
+          f"From {published.CITATION}, measured on {published.HARDWARE}; the paper does "
+          "not state batch sizes or sequence lengths for Table 1. They are another "
+          "machine's numbers at another scale: compare shapes and ratios, not values.",
+          "", "Table 1 (T5 training throughput):", "", t1, "",
+          f"Table 2 (3B decoder-only LM, `{published.TABLE2_MODEL}`):", "", t2, "",
+          f"Fig. 6 (smallest computation at which Pathways matches JAX): {f6}.", "",
+          published.FIG5_NOTE, ""]
+
+
+def _train_section(train: list, plots: dict) -> list:
+  header, rows = tables.table1(train)
+  out = ["## Training throughput (Table 1 style)", "", tables.markdown(header, rows), "",
+         "tokens/s: median over ok runs of the configuration, [spread]; MFU: median "
+         "against each run's own peak; ratios divide medians on the same "
+         "configuration. The published columns are the paper's figures for a model of "
+         f"the same name on TPUv3 at the paper's core counts ({published.CITATION}); "
+         "another machine and scale, never divided by a local figure.", ""]
+  if plots.get("tokens_per_sec"):
+    out += [f"![tokens/s per system and model]({plots['tokens_per_sec']})", ""]
+  failed = [r for r in train if r["status"] != "ok"]
+  if failed:
+    out += ["### Failed runs", ""]
+    out += [f"- {r['model']} {r['system']} {r['dtype']} {r['mesh_shape']} batch "
+            f"{r['global_batch']} (run {r['run_id']}, {r['started_at']}): {r['error']}"
+            for r in failed]
+    out.append("")
+  out += ["## Step-time distributions", ""]
+  if plots.get("step_times"):
+    out += [f"![step times per run]({plots['step_times']})", ""]
+  out += ["MFU peaks (whole machine, per system and dtype; each run's `peak_source` "
+          "is in results.csv): " + _peaks(train), ""]
+  return out
+
+
+def _peaks(train: list) -> str:
+  parts = []
+  for (system, dtype, kind), runs in sorted(tables.group(
+      [r for r in train if r["peak_flops_per_device"]],
+      lambda r: (r["system"], r["dtype"], r["peak_source"].split(":")[0])).items()):
+    whole = [r["peak_flops_per_device"] * r["num_devices"] / 1e9 for r in runs]
+    parts.append(f"{system} {dtype} {kind} {min(whole):,.0f}–{max(whole):,.0f} GFLOP/s "
+                 f"({len(runs)} run(s))")
+  return "; ".join(parts) or "none recorded"
+
+
+def _micro_section(micro: list, plots: dict) -> list:
+  scalar = [r for r in micro if not r["matmul_n"]]
+  header, rows = tables.micro_table(scalar) if scalar else ([], [])
+  out = ["## Dispatch micro-benchmarks (Fig. 5 style)", ""]
+  if rows:
+    out += ["computations/s: median over runs [range of timed repeats].", "",
+            tables.markdown(header, rows), ""]
+  if plots.get("fig5"):
+    out += [f"![computations/s against hosts]({plots['fig5']})", ""]
+  others = [r for r in micro if r["status"] not in ("ok",)]
+  if others:
+    out += ["Runs that did not measure:", ""]
+    out += [f"- {r['system']} {r['mode']} {r['hosts']} host(s): {r['status']}: "
+            f"{r['error']}" for r in others]
+    out.append("")
+  if len(scalar) < len(micro):
+    out += [f"{len(micro) - len(scalar)} crossover record(s) (Fig. 6, with a matmul) "
+            "are in results.csv, not in this table.", ""]
+  return out
+
+
+def _environments(records: list) -> list:
+  keys = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform", "cpu",
+          "cpu_count")
+  # Accelerator kinds without their counts: a 1-device and a 4-device run on the
+  # same machine share a row.
+  combos = tables.group(records, lambda r: tuple(str(r["env"].get(k)) for k in keys) + (
+      ", ".join(sorted({f"{a.get('platform')}: {a.get('kind')}"
+                        for a in r["env"].get("accelerators") or []})),))
+  rows = []
+  for combo, runs in combos.items():
+    commits = sorted({(r["git_commit"] or "unknown")[:7] + ("+dirty" if "+dirty" in (r["git_commit"] or "") else "") for r in runs})
+    rows.append(list(combo) + [", ".join(commits), len(runs)])
+  return ["## Versions and hardware", "",
+          tables.markdown(list(keys) + ["accelerators", "git commits", "records"], rows), ""]
+
+
+def render(train: list, micro: list, sources: list, problems: list, plots: dict) -> str:
+  """sources: [(path, train count, micro count)]; problems: [(path, line, why)];
+  plots: name -> file name relative to report.md (absent when not drawn)."""
+  now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  out = ["# tf_tput report", "", f"Generated {now} from:", ""]
+  out += [f"- `{path}`: {n_train} training record(s), {n_micro} micro-benchmark record(s)"
+          for path, n_train, n_micro in sources]
+  out.append("")
+  if problems:
+    out += ["Lines that are not records (skipped):", ""]
+    out += [f"- `{path}:{line}`: {why}" for path, line, why in problems]
+    out.append("")
+  out += (_train_section(train, plots) if train else
+          ["## Training throughput (Table 1 style)", "", "No training records.", ""])
+  out += (_micro_section(micro, plots) if micro else
+          ["## Dispatch micro-benchmarks (Fig. 5 style)", "",
+           "No micro-benchmark records.", ""])
+  out += _published_section()
+  out += ["## Conventions", ""] + [f"- {c}" for c in CONVENTIONS] + [""]
+  out += _environments(train + micro)
+  out += ["Record schemas read: "
+          + ", ".join(sorted({r["schema"] for r in train + micro})), ""]
+  return "\n".join(out)

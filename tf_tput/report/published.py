@@ -1,0 +1,61 @@
+"""The figures the Pathways paper published, copied into the package.
+
+Barham et al., "Pathways: Asynchronous Distributed Dataflow for ML", MLSys 2022,
+arXiv:2203.12533. Copied from the project's reference file
+(shared/reference/pathways_2022.json: figures as published, read from a full
+translation of the paper and an independent summary that agree; check against the
+arXiv PDF before quoting). The package reads nothing outside the repository at run
+time; tests/unit/test_report.py checks this copy against that file where it exists.
+
+They were measured on TPUv3 at the device counts given here, so reports print them
+in their own columns, labelled, never as a ratio against local runs.
+"""
+
+CITATION = ("Barham et al., Pathways: Asynchronous Distributed Dataflow for ML, "
+            "MLSys 2022, arXiv:2203.12533")
+HARDWARE = "TPUv3, 16 GB per accelerator"
+
+# Table 1: T5 training throughput, tokens/s; JAX (multi-controller) and Pathways
+# reached the same figures. Batch size and sequence length are not stated.
+TABLE1_T5 = {
+    # model: (parameters as published, TPU cores, JAX tokens/s, Pathways tokens/s)
+    "t5_base": ("270M", 32, 618000, 618000),
+    "t5_large": ("770M", 32, 90400, 90400),
+    "t5_3b": ("3B", 512, 282800, 282800),
+    "t5_11b": ("11B", 512, 84800, 84800),
+}
+
+# Table 2: the 3B decoder-only LM (62 layers, d_model 2048, d_ff 8192) on Pathways,
+# SPMD against a GPipe-like pipeline of S stages x M micro-batches; tokens/s.
+TABLE2_DECODER_3B = [
+    # (config, stages, micro-batches, TPU cores, tokens/s)
+    ("spmd", None, None, 128, 125700),
+    ("pipeline", 4, 16, 128, 133700),
+    ("pipeline", 8, 32, 128, 132700),
+    ("pipeline", 16, 64, 128, 131400),
+    ("pipeline", 16, 64, 512, 507800),
+]
+TABLE2_MODEL = "decoder_3b"
+
+# Fig. 6: the smallest computation (ms) at which Pathways matches JAX's throughput.
+FIG6_CROSSOVER_MS = [
+    # (hosts, TPUs, configuration, ms)
+    (16, 128, "B", 2.3),
+    (512, 2048, "A", 35),
+]
+# Fig. 5 is plotted only: the paper gives no table of its values.
+FIG5_NOTE = ("Fig. 5's values are plotted only (no table): JAX OpByOp far ahead of "
+             "every single-controller system; Pathways-F matches JAX up to about 1000 "
+             "TPU cores; Ray about 10x slower per computation than Pathways.")
+
+
+def table_row(model: str):
+  """(source, TPU cores, JAX tokens/s, Pathways tokens/s) published for this model
+  name, or None. decoder_3b: Table 2's SPMD row (Pathways only)."""
+  if model in TABLE1_T5:
+    _, cores, jax_tps, pathways_tps = TABLE1_T5[model]
+    return "Table 1", cores, jax_tps, pathways_tps
+  if model == TABLE2_MODEL:
+    _, _, _, cores, tps = TABLE2_DECODER_3B[0]
+    return "Table 2, SPMD", cores, None, tps
+  return None

@@ -1,0 +1,274 @@
+"""Tables from result records: the console table, the Table-1 and Fig.-5 tables of
+report.md, and the rows of results.csv.
+
+The spread of a system's tokens/s on one configuration is defined once, in
+tokens_band, and used by every table, plot and comparison.
+"""
+
+import json
+import statistics
+
+from tf_tput import micro, results
+from tf_tput.report import published
+
+BASELINE_SYSTEM = "mtf"
+COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
+           f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
+           "final loss", "status")
+# Records that differ only in their system are the same configuration.
+CONFIG_KEYS = ("model", "dtype", "mesh_shape", "layout", "num_devices", "global_batch",
+               "inputs_length", "targets_length")
+
+
+def config_key(r: dict) -> tuple:
+  return tuple(r[k] for k in CONFIG_KEYS)
+
+
+def _ratio(r: dict, baselines: dict) -> str:
+  base = baselines.get(config_key(r))
+  if not base or not r["tokens_per_sec"]:
+    return "-"
+  return f"{r['tokens_per_sec'] / base:.2f}x"
+
+
+def _hardware(r: dict) -> tuple:
+  return (r["env"]["cpu"], str(r["env"]["accelerators"]), r["dtype"])
+
+
+def best_peaks(records: list) -> dict:
+  """Per hardware and dtype, the highest whole-machine peak any record measured.
+
+  Each system's MFU is against its own framework's matmul peak; MFU@best puts every
+  system on the same machine and dtype against one peak, the best either reached.
+  """
+  best = {}
+  for r in records:
+    if r["peak_flops_per_device"]:
+      whole = r["peak_flops_per_device"] * r["num_devices"]
+      best[_hardware(r)] = max(best.get(_hardware(r), 0), whole)
+  return best
+
+
+def _mfu_at_best(r: dict, peaks: dict) -> str:
+  peak = peaks.get(_hardware(r))
+  if not peak or not r["model_tflops_per_sec"]:
+    return "-"
+  return f"{100 * r['model_tflops_per_sec'] * 1e12 / peak:.1f}%"
+
+
+def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
+  st = r["step_time_s"]
+  spread = ("-" if st["median"] is None else
+            f"{st['p10']:.3f} / {st['median']:.3f} / {st['p90']:.3f}")
+  return (r["model"], r["system"], r["dtype"], r["mesh_shape"], str(r["num_devices"]),
+          str(r["num_processes"]),
+          "-" if r["tokens_per_sec"] is None else f"{r['tokens_per_sec']:,.0f}",
+          _ratio(r, baselines), spread,
+          "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
+          "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
+          r["status"] if r["status"] == "ok" else f"failed: {r['error'][:60]}")
+
+
+def format_table(records: list) -> str:
+  """One row per record; "vs mtf" is tokens/s over the baseline's on the same config
+  (its latest ok record)."""
+  baselines = {config_key(r): r["tokens_per_sec"] for r in records
+               if r["system"] == BASELINE_SYSTEM and r["status"] == "ok"}
+  peaks = best_peaks(records)
+  rows = [COLUMNS] + [_row(r, baselines, peaks) for r in records]
+  widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+  lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+           for row in rows]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------
+# Grouping and spread, shared by report.md, the plots and --compare.
+
+def row_key(r: dict) -> tuple:
+  """One row of the Table-1 table: the configuration, run the same way (processes
+  and strategy: a multi-process run of a system is not its local run)."""
+  return config_key(r) + (r["num_processes"], r["strategy"])
+
+
+def train_key(r: dict) -> tuple:
+  """What makes two train records the same configuration on the same system."""
+  return row_key(r) + (r["system"],)
+
+
+def group(records: list, key) -> dict:
+  """key(record) -> [records], in first-seen order."""
+  groups = {}
+  for r in records:
+    groups.setdefault(key(r), []).append(r)
+  return groups
+
+
+def step_rate_band(r: dict) -> tuple:
+  """(low, high) tokens/s of a run's p90 and p10 steps: its step-to-step spread."""
+  st = r["step_time_s"]
+  if not r["tokens_per_step"] or not st["p90"] or not st["p10"]:
+    return (r["tokens_per_sec"], r["tokens_per_sec"])
+  return (r["tokens_per_step"] / st["p90"], r["tokens_per_step"] / st["p10"])
+
+
+def tokens_band(ok_runs: list) -> tuple:
+  """(median tokens/s, low, high) over ok runs of one configuration and system.
+
+  The band covers every run's p10-p90 step rate and every run's tokens/s, so it is
+  wide enough for one run (step-to-step noise) and for several (run-to-run noise).
+  """
+  rates = [r["tokens_per_sec"] for r in ok_runs]
+  bands = [step_rate_band(r) for r in ok_runs]
+  return (statistics.median(rates), min(rates + [b[0] for b in bands]),
+          max(rates + [b[1] for b in bands]))
+
+
+def samples(ok_runs: list) -> int:
+  """Measurements behind a band: measured steps (train) or timed repeats (micro)."""
+  return sum(r["steps"] if r["schema"] == results.SCHEMA else len(r["repeats"])
+             for r in ok_runs)
+
+
+def micro_key(r: dict) -> tuple:
+  return (r["system"], r["mode"], r["hosts"], r["devices_per_host"], r["chain_length"],
+          r["computations"], r["matmul_n"])
+
+
+def rate_band(ok_runs: list) -> tuple:
+  """(median computations/s, low, high) over ok micro runs: repeats' range."""
+  rates = [r["computations_per_sec"] for r in ok_runs]
+  repeats = [x for r in ok_runs for x in r["repeats"]] or rates
+  return statistics.median(rates), min(repeats + rates), max(repeats + rates)
+
+
+def _si(x: float) -> str:
+  for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.3g}{unit}"
+  return f"{x:.3g}"
+
+
+# --------------------------------------------------------------------------------
+# report.md tables.
+
+def markdown(header: list, rows: list) -> str:
+  def cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+  lines = ["| " + " | ".join(map(cell, header)) + " |",
+           "|" + "|".join("---" for _ in header) + "|"]
+  lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def systems_in(records: list) -> list:
+  """System names, the baseline first."""
+  names = sorted({r["system"] for r in records})
+  return sorted(names, key=lambda s: s != BASELINE_SYSTEM)
+
+
+def table1(records: list) -> tuple:
+  """(header, rows): one row per configuration, per system its tokens/s with spread
+  and MFU, each system's ratio to the baseline, then the published figures."""
+  names = systems_in(records)
+  header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch"]
+  for s in names:
+    header += [f"{s} tokens/s [spread]", f"{s} MFU", f"{s} runs"]
+  header += [f"{s}/{BASELINE_SYSTEM}" for s in names if s != BASELINE_SYSTEM]
+  header += ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
+             "published Pathways tokens/s (TPUv3)"]
+  by_config = group(records, row_key)
+  rows = []
+  for runs in by_config.values():
+    first = runs[0]
+    row = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", first["dtype"],
+           str(first["num_devices"]), first["mesh_shape"], first["strategy"],
+           str(first["global_batch"])]
+    medians = {}
+    for s in names:
+      ok = [r for r in runs if r["system"] == s and r["status"] == "ok"]
+      failed = [r for r in runs if r["system"] == s and r["status"] != "ok"]
+      if ok:
+        median, low, high = tokens_band(ok)
+        medians[s] = median
+        mfus = [r["mfu"] for r in ok if r["mfu"] is not None]
+        row += [f"{median:,.0f} [{_si(low)}–{_si(high)}]",
+                f"{100 * statistics.median(mfus):.1f}%" if mfus else "–",
+                f"{len(ok)}" + (f" (+{len(failed)} failed)" if failed else "")]
+      else:
+        row += ["failed" if failed else "not run", "–",
+                f"0 ({len(failed)} failed)" if failed else "0"]
+    for s in names:
+      if s != BASELINE_SYSTEM:
+        row.append(f"{medians[s] / medians[BASELINE_SYSTEM]:.2f}x"
+                   if s in medians and BASELINE_SYSTEM in medians else "–")
+    pub = published.table_row(first["model"])
+    row += ([str(pub[1]), f"{pub[2]:,}" if pub[2] else "–", f"{pub[3]:,}"] if pub
+            else ["–", "–", "–"])
+    rows.append(row)
+  return header, rows
+
+
+def micro_table(records: list) -> tuple:
+  """(header, rows): Fig. 5 as numbers, one row per host count, one column per
+  system x mode: median computations/s [repeats' min–max]."""
+  order = list(micro.SYSTEMS)  # tf (the single controller) first
+  columns = sorted({(r["system"], r["mode"]) for r in records},
+                   key=lambda c: (order.index(c[0]) if c[0] in order else len(order), c[0],
+                                  micro.MODES.index(c[1]) if c[1] in micro.MODES else 9))
+  by_hosts = group(sorted(records, key=lambda r: (r["hosts"], r["devices_per_host"])),
+                   lambda r: (r["hosts"], r["devices_per_host"]))
+  rows = []
+  for (hosts, per_host), runs in by_hosts.items():
+    row = [str(hosts), str(hosts * per_host)]
+    for system, mode in columns:
+      mine = [r for r in runs if (r["system"], r["mode"]) == (system, mode)]
+      ok = [r for r in mine if r["status"] == "ok"]
+      if ok:
+        median, low, high = rate_band(ok)
+        row.append(f"{median:,.0f} [{_si(low)}–{_si(high)}]")
+      else:
+        row.append(mine[-1]["status"].replace("_", " ") if mine else "not run")
+    rows.append(row)
+  return ["hosts", "devices"] + [f"{s} {m}" for s, m in columns], rows
+
+
+# --------------------------------------------------------------------------------
+# results.csv: every record, train and micro, one row each.
+
+# Nested fields flattened (step_time_s -> step_time_<stat>_s, env -> env_<key>);
+# lists and the flags as JSON text; the multi-line gin `config` is left to the JSONL.
+CSV_SKIPPED = ("config",)
+
+
+ENV_COLUMNS = [f"env_{k}" for k in results.ENV_KEYS + ("cpu_count",)]
+
+
+def csv_columns() -> list:
+  columns, fields = ["schema"], dict.fromkeys([*results.FIELDS, *results.MICRO_FIELDS])
+  for name in fields:
+    if name == "step_time_s":
+      columns += [f"step_time_{k}_s" for k in results.STEP_TIME_KEYS]
+    elif name == "env":
+      columns += ENV_COLUMNS
+    elif name not in columns and name not in CSV_SKIPPED:
+      columns.append(name)
+  return columns
+
+
+def csv_row(r: dict) -> dict:
+  row = {}
+  for name, value in r.items():
+    if name in CSV_SKIPPED:
+      continue
+    if name == "step_time_s":
+      row.update({f"step_time_{k}_s": v for k, v in value.items()})
+    elif name == "env":
+      row.update({f"env_{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
+                  for k, v in value.items() if f"env_{k}" in ENV_COLUMNS})
+    elif isinstance(value, (list, dict)):
+      row[name] = json.dumps(value)
+    else:
+      row[name] = value
+  return row

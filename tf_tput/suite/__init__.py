@@ -1,0 +1,338 @@
+"""Suites: gin-defined matrices of runs, each run one child process.
+
+A suite file (gin/suites/*.gin) binds `Suite.name` and `Suite.matrices`, a list of
+`@TrainMatrix()` / `@MicroMatrix()` references; several matrices of one kind take gin
+scopes (`@small/TrainMatrix()`), and unscoped bindings are shared by all of them.
+Every matrix is a cross product: a TrainMatrix of systems x models x meshes x global
+batches x dtypes gives one `python -m tf_tput.train` run per combination, a
+MicroMatrix of systems x modes x hosts one `python -m tf_tput.micro` run per
+combination.
+
+A run is identified by a key: a hash of the arguments that decide what it measures.
+The same key is computed from a record's stored arguments (train: `flags`; micro:
+the fields that hold them), so a results file tells which runs already succeeded
+and a rerun of the suite skips them. No record field is added for this.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import pathlib
+import sys
+from typing import Optional, Sequence
+
+import gin
+
+from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, results, systems
+from tf_tput import topology
+from tf_tput.errors import UsageError
+
+SUITES_DIR = GIN_DIR / "suites"
+TRAIN_MODULE = "tf_tput.train"
+MICRO_MODULE = "tf_tput.micro"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainMatrix:
+  """systems x models x meshes x global_batches x dtypes, one tf_tput.train run each."""
+  models: Sequence[str]                    # gin/models/<name>.gin
+  meshes: Sequence[str] = ("single",)      # gin/mesh/<name>.gin
+  systems: Sequence[str] = ("mtf", "jax")  # tf_tput.systems.REGISTRY names
+  global_batches: Sequence[int] = (8,)
+  dtypes: Sequence[str] = ("float32",)     # ModelConfig.activation_dtype
+  steps: int = 10                          # measured steps
+  warmup_steps: int = 2
+  num_cpu_devices: Optional[int] = None    # None: the devices train finds (GPU, TPU)
+  gin_params: Sequence[str] = ()           # bindings for every run (e.g. lengths)
+  # --strategy of the mtf runs ("tpu" on Cloud TPUs, "multi_worker" under
+  # tf_tput.launch); JAX runs always find their devices locally.
+  mtf_strategy: str = "local"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class MicroMatrix:
+  """systems x modes x hosts, one tf_tput.micro run each (Fig. 5)."""
+  systems: Sequence[str] = ("tf", "jax", "ray")
+  modes: Sequence[str] = micro.MODES
+  hosts: Sequence[int] = (1, 2)
+  devices_per_host: int = 2
+  chain_length: int = 128
+  computations: int = 1024                 # per timed repeat
+  repeats: int = 5
+  timeout_s: float = 600.0                 # tf_tput.micro's limit for one run
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Suite:
+  name: str
+  matrices: Sequence  # TrainMatrix / MicroMatrix instances (gin @references)
+
+
+# Record statuses that mean "measured, nothing to redo". A skipped micro run (its
+# extra was not installed) is retried: the extra may be there now.
+DONE_STATUSES = {results.SCHEMA: ("ok",), results.MICRO_SCHEMA: ("ok", "not_applicable")}
+
+# train flags that decide what a run measures (and are stored in the record's
+# `flags`); --results, --tensorboard_dir and --log_every do not. The suite passes
+# steps, warmup steps and batch as gin bindings, so they are in gin_param.
+TRAIN_KEY_FLAGS = ("system", "gin_file", "gin_param", "num_cpu_devices")
+# --strategy decides too; it joins the key only when not "local", so records written
+# before it existed keep their keys.
+STRATEGY_FLAG = "strategy"
+# micro record fields that decide what a run measured. The repeat count is not among
+# them: it says how often a configuration was timed, and a failed record has none.
+MICRO_KEY_FIELDS = ("system", "mode", "hosts", "devices_per_host", "chain_length",
+                    "computations", "matmul_n")
+
+
+# train flags a suite's --train_flag may not set: they decide what a run measures (or
+# where its record goes), so the suite file sets them.
+KEYED_TRAIN_FLAGS = (*TRAIN_KEY_FLAGS, STRATEGY_FLAG, "results", "steps", "warmup_steps",
+                     "global_batch")
+
+
+def check_train_flags(train_flags) -> None:
+  for flag in train_flags:
+    name = flag.split("=", 1)[0].lstrip("-")
+    if not flag.startswith("--") or not name:
+      raise UsageError(f"--train_flag={flag} is not a flag; write e.g. "
+                       "--train_flag=--tpu=local")
+    if name in KEYED_TRAIN_FLAGS:
+      raise UsageError(f"--train_flag={flag}: --{name} decides what a run measures; "
+                       "set it in the suite file (TrainMatrix) instead")
+
+
+def _hash(kind: str, values: dict) -> str:
+  text = json.dumps([kind, values], sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record_key(record: dict) -> Optional[str]:
+  """The key of the run that wrote `record` (as Run.key computes it)."""
+  if record["schema"] == results.SCHEMA:
+    stored = record["flags"]
+    return _hash(TRAIN_MODULE, _train_key(stored, stored.get(STRATEGY_FLAG) or "local"))
+  if record["schema"] == results.MICRO_SCHEMA:
+    return _hash(MICRO_MODULE, {k: record[k] for k in MICRO_KEY_FIELDS})
+  return None
+
+
+def _train_key(flags: dict, strategy: str) -> dict:
+  values = {k: flags.get(k) for k in TRAIN_KEY_FLAGS}
+  if strategy != "local":
+    values[STRATEGY_FLAG] = strategy
+  return values
+
+
+def done_keys(records: list) -> set:
+  return {record_key(r) for r in records if r["status"] in DONE_STATUSES[r["schema"]]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  module: str        # TRAIN_MODULE | MICRO_MODULE
+  flags: dict        # flag -> value (a list repeats the flag); --results is added
+  key_values: dict   # what record_key reads back from this run's record
+  label: str         # for people: "t5_small jax float32 data2_model2 batch 8"
+  group: str         # runs expected to take about as long (time-left estimate)
+
+  @property
+  def key(self) -> str:
+    return _hash(self.module, self.key_values)
+
+  def args(self, results_path: str) -> list:
+    out = []
+    for name, value in self.flags.items():
+      for v in value if isinstance(value, list) else [value]:
+        out.append(f"--{name}={v}")
+    return out + [f"--results={results_path}"]
+
+  def command(self, results_path: str, train_flags=()) -> list:
+    """The child's command line; train_flags (--name=value) go to train runs only."""
+    extra = list(train_flags) if self.module == TRAIN_MODULE else []
+    return [sys.executable, "-m", self.module, *self.args(results_path), *extra]
+
+
+def _train_runs(m: TrainMatrix) -> list:
+  runs = []
+  for model, mesh, batch, dtype, system in itertools.product(
+      m.models, m.meshes, m.global_batches, m.dtypes, m.systems):
+    flags = {
+        "system": system,
+        "gin_file": [f"gin/models/{model}.gin", f"gin/mesh/{mesh}.gin"],
+        # The matrix's own axes come last, so they win over matrix.gin_params.
+        "gin_param": [*m.gin_params, f"ModelConfig.activation_dtype = '{dtype}'",
+                      f"TrainConfig.global_batch = {batch}",
+                      f"TrainConfig.steps = {m.steps}",
+                      f"TrainConfig.warmup_steps = {m.warmup_steps}"],
+        "num_cpu_devices": m.num_cpu_devices,
+    }
+    strategy = m.mtf_strategy if system == "mtf" else "local"
+    if strategy != "local":
+      flags[STRATEGY_FLAG] = strategy
+    runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None},
+                    _train_key(flags, strategy),
+                    f"{model} {system}{'' if strategy == 'local' else ' ' + strategy} "
+                    f"{dtype} {mesh} batch {batch}", model))
+  return runs
+
+
+def _micro_runs(m: MicroMatrix) -> list:
+  runs = []
+  for hosts, system, mode in itertools.product(m.hosts, m.systems, m.modes):
+    flags = {"systems": system, "modes": mode, "hosts": hosts,
+             "devices_per_host": m.devices_per_host, "chain_length": m.chain_length,
+             "computations": m.computations, "repeats": m.repeats,
+             "timeout_s": m.timeout_s, "bare_loop": False}
+    key_values = {"system": system, "mode": mode, "hosts": hosts,
+                  "devices_per_host": m.devices_per_host, "chain_length": m.chain_length,
+                  "computations": m.computations, "matmul_n": 0}
+    runs.append(Run(MICRO_MODULE, flags, key_values,
+                    f"micro {system} {mode} {hosts} host(s) x {m.devices_per_host}",
+                    f"micro {system} {hosts}"))
+  return runs
+
+
+def expand(suite: Suite) -> list:
+  """Every run of the suite, in order, without duplicates."""
+  runs, seen = [], set()
+  for matrix in suite.matrices:
+    for run in (_train_runs(matrix) if isinstance(matrix, TrainMatrix)
+                else _micro_runs(matrix)):
+      if run.key not in seen:
+        seen.add(run.key)
+        runs.append(run)
+  return runs
+
+
+def available() -> list:
+  return sorted(str(p.relative_to(REPO_ROOT)) for p in SUITES_DIR.glob("*.gin"))
+
+
+def _resolve(name: str) -> pathlib.Path:
+  if (SUITES_DIR / f"{name}.gin").is_file():  # --suite=table1_local
+    return SUITES_DIR / f"{name}.gin"
+  try:
+    return config.resolve_gin_file(name)
+  except UsageError:
+    raise UsageError(f"--suite={name}: no such file; choose one of "
+                     f"{', '.join(available())}") from None
+
+
+def load(name: str) -> Suite:
+  """Parses a suite file into a checked Suite (UsageError naming what is wrong)."""
+  path = _resolve(name)
+  gin.clear_config()
+  if str(REPO_ROOT) not in gin.config._LOCATION_PREFIXES:  # clear_config keeps paths
+    gin.add_config_file_search_path(str(REPO_ROOT))
+  try:
+    gin.parse_config_file(str(path))
+    suite = Suite()
+  except TypeError as e:  # a required field left unbound
+    raise UsageError(f"{name}: {errors.one_line(e)}; bind Suite.name, Suite.matrices "
+                     "and TrainMatrix.models (see gin/suites/table1_local.gin)") from None
+  except (ValueError, SyntaxError, AttributeError, NameError, KeyError) as e:
+    raise UsageError(f"{name}: {errors.one_line(e)}; the fields are those of Suite, "
+                     "TrainMatrix and MicroMatrix in tf_tput/suite/__init__.py") from None
+  finally:
+    gin.clear_config()
+  _check(suite, name)
+  return suite
+
+
+def _check_list(where: str, field: str, values, allowed=None, kind=str) -> None:
+  if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+    raise UsageError(f"{where}.{field} = {values!r}; give a non-empty list, "
+                     f"e.g. {field} = [{'1' if kind is int else repr('...')}]")
+  for value in values:
+    if kind is int:
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{where}.{field} has {value!r}; use integers >= 1")
+    elif not isinstance(value, str):
+      raise UsageError(f"{where}.{field} has {value!r}; use quoted names")
+    elif allowed is not None and value not in allowed:
+      raise UsageError(f"{where}.{field} has {value!r}; choose from "
+                       f"{', '.join(sorted(allowed))}")
+
+
+def _names(folder: str) -> set:
+  return {p.stem for p in (GIN_DIR / folder).glob("*.gin")}
+
+
+def _check_positive(where: str, field: str, value) -> None:
+  if (value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                             or value < 1)):
+    raise UsageError(f"{where}.{field} = {value!r}; it must be a number >= 1")
+
+
+def _check(suite: Suite, name: str) -> None:
+  if not isinstance(suite.name, str) or not suite.name:
+    raise UsageError(f"{name}: Suite.name = {suite.name!r}; give the suite a name")
+  if not isinstance(suite.matrices, (list, tuple)) or not suite.matrices:
+    raise UsageError(f"{name}: Suite.matrices = {suite.matrices!r}; give a list such as "
+                     "[@TrainMatrix()]")
+  for matrix in suite.matrices:
+    where = f"{name}: {type(matrix).__name__}"
+    if isinstance(matrix, TrainMatrix):
+      _check_list(where, "models", matrix.models, _names("models") - {"t5_common",
+                                                                     "decoder_common"})
+      _check_list(where, "meshes", matrix.meshes, _names("mesh"))
+      _check_list(where, "systems", matrix.systems, set(systems.REGISTRY))
+      _check_list(where, "global_batches", matrix.global_batches, kind=int)
+      _check_list(where, "dtypes", matrix.dtypes, set(config.DTYPES))
+      if matrix.mtf_strategy not in topology.STRATEGIES:
+        raise UsageError(f"{where}.mtf_strategy = {matrix.mtf_strategy!r}; use one of "
+                         f"{', '.join(topology.STRATEGIES)}")
+      if isinstance(matrix.gin_params, str) or not isinstance(matrix.gin_params,
+                                                              (list, tuple)):
+        raise UsageError(f"{where}.gin_params = {matrix.gin_params!r}; give a list of "
+                         "bindings")
+      for field in ("steps", "warmup_steps", "num_cpu_devices"):
+        _check_positive(where, field, getattr(matrix, field))
+    elif isinstance(matrix, MicroMatrix):
+      _check_list(where, "systems", matrix.systems, set(micro.SYSTEMS))
+      _check_list(where, "modes", matrix.modes, set(micro.MODES))
+      _check_list(where, "hosts", matrix.hosts, kind=int)
+      for field in ("devices_per_host", "chain_length", "computations", "repeats",
+                    "timeout_s"):
+        _check_positive(where, field, getattr(matrix, field))
+      if matrix.computations % matrix.chain_length:
+        raise UsageError(f"{where}.computations = {matrix.computations} is not a "
+                         f"multiple of chain_length = {matrix.chain_length}")
+    else:
+      raise UsageError(f"{name}: Suite.matrices holds {matrix!r}; use @TrainMatrix() "
+                       "or @MicroMatrix() references")
+
+
+def validate(run: Run) -> str:
+  """Checks a train run as tf_tput.train would before starting a framework; returns
+  what it would train (tf_tput.models arithmetic). UsageError names the run."""
+  if run.module != TRAIN_MODULE:
+    return " ".join(run.args("...")[:-1])
+  # gin probes each include (gin/models/t5_common.gin) as a Python-path resource
+  # before its search path and logs a miss at ERROR on the root logger: from outside
+  # the repository, two stray lines per run although the include is then found.
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
+  try:
+    experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
+    if "num_cpu_devices" in run.flags:
+      config.validate(experiment, num_devices=run.flags["num_cpu_devices"])
+  except UsageError as e:
+    raise UsageError(f"run {run.label!r}: {e}") from None
+  finally:
+    root.setLevel(level)
+  m, d = experiment.model, experiment.data
+  inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
+  tokens = experiment.train.global_batch * models.tokens_per_example(
+      m, inputs, d.targets_length)
+  state = models.bytes_per_device(m, experiment.mesh_shape, experiment.layout)["total"]
+  return (f"{models.num_params(m):,} params, {experiment.num_devices} devices "
+          f"({experiment.mesh.mesh_shape}), {tokens:,} tokens/step, "
+          f"{state / 2**20:,.1f} MiB params + optimizer state per device")

@@ -1,0 +1,219 @@
+"""Runs a suite: a gin-defined matrix of runs, each in its own process, resumable.
+
+    python -m tf_tput.suite --suite=gin/suites/table1_local.gin \
+        --results=results/table1_local.jsonl
+    python -m tf_tput.suite --suite=gin/suites/table1_paper.gin --dry_run
+
+Every run is `python -m tf_tput.train ...` or `python -m tf_tput.micro ...` in a
+child process (a crash, a leak or a hung framework cannot affect the next run), its
+output in a log file. A run whose key (tf_tput/suite/__init__.py) already has a
+finished record in --results is skipped, so rerunning the same command resumes. A run
+that fails is said on the console and in the summary, and the suite goes on; Ctrl-C
+stops the running child and the suite, keeping every record written so far.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from tf_tput import REPO_ROOT, errors, processes, results
+from tf_tput import suite as suites
+from tf_tput.errors import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("suite", None, "Suite file, e.g. gin/suites/table1_local.gin (or "
+                    "its name, table1_local).")
+flags.DEFINE_string("results", None, "JSON-lines file the runs append to, and that "
+                    "tells which runs already succeeded. Default results/<suite name>.jsonl.")
+flags.DEFINE_string("logs_dir", None, "One log file per run (the child's output). "
+                    "Default: beside --results, <results without .jsonl>.logs/.")
+flags.DEFINE_bool("dry_run", False, "Validate every run as tf_tput.train would and "
+                  "print what it would run (params, devices, tokens/step, state per "
+                  "device); run nothing.")
+flags.DEFINE_float("run_timeout_s", 3 * 3600, "Stop a run that takes longer than this.")
+flags.DEFINE_multi_string("train_flag", [], "A tf_tput.train flag for every train run "
+                          "that does not change what it measures, repeatable, e.g. "
+                          "--train_flag=--tpu=local.")
+flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
+
+LOG_TAIL_LINES = 5
+# Start-up chatter that says nothing about why a run failed.
+_NOISE = re.compile(r"^(WARNING: All log messages|I0000|W0000|E0000|\s*$)")
+
+
+def _duration(seconds: float) -> str:
+  seconds = round(seconds)
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def time_left(remaining: list, durations: dict) -> str:
+  """Estimate for the runs left: the mean duration of finished runs of the same group
+  (model, or micro system and hosts), else of all finished runs."""
+  finished = [d for ds in durations.values() for d in ds]
+  if not remaining:
+    return "none left"
+  if not finished:
+    return "time left unknown until a run finishes"
+  overall = sum(finished) / len(finished)
+  guessed = sum(1 for run in remaining if run.group not in durations)
+  total = sum(sum(durations[run.group]) / len(durations[run.group])
+              if run.group in durations else overall for run in remaining)
+  note = f" ({guessed} of them guessed from the mean of others)" if guessed else ""
+  return f"~{_duration(total)} left for {len(remaining)} run(s){note}"
+
+
+def _log_tail(path: pathlib.Path) -> str:
+  try:
+    lines = path.read_text(errors="replace").splitlines()
+  except OSError:
+    return "(no log)"
+  lines = [line.strip() for line in lines if not _NOISE.match(line)]
+  return " | ".join(lines[-LOG_TAIL_LINES:])[-600:] or "(empty log)"
+
+
+class _Terminated(Exception):
+  """SIGTERM to the suite: stop the child as for Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+  del signum, frame
+  raise _Terminated
+
+
+def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
+  """Runs one child; returns how it ended ("exit code 0", "timed out after ...")."""
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(
+      [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  command = run.command(results_path, FLAGS.train_flag)
+  with open(log_path, "wb") as log:
+    log.write(("$ " + " ".join(command) + "\n").encode())
+    log.flush()
+    # Its own session: Ctrl-C reaches the suite only, which stops the child's group.
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+      code = child.wait(timeout=FLAGS.run_timeout_s)
+    except subprocess.TimeoutExpired:
+      return f"timed out after --run_timeout_s={FLAGS.run_timeout_s:g}"
+    finally:
+      processes.stop([child], FLAGS.grace_s)  # also on Ctrl-C; no orphans
+  return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _outcome(ending: str, new_records: list, log_path) -> tuple:
+  """(status word, one-line description) of a finished run."""
+  if not new_records:
+    return "died", (f"{ending}, no record written; log {log_path}: "
+                    f"{_log_tail(log_path)}")
+  record = new_records[-1]
+  if record["status"] == "failed":
+    return "failed", f"failed ({ending}), recorded: {record['error']}"
+  if record["schema"] == results.SCHEMA:
+    return record["status"], f"ok, {record['tokens_per_sec']:,.0f} tokens/s"
+  if record["status"] == "ok":
+    return "ok", f"ok, {record['computations_per_sec']:,.0f} computations/s"
+  return record["status"], f"{record['status']}: {record['error']}"
+
+
+def _default_results(suite) -> str:
+  return FLAGS.results or os.path.join("results", f"{suite.name}.jsonl")
+
+
+def dry_run(runs: list) -> int:
+  for index, run in enumerate(runs, start=1):
+    print(f"[{index}/{len(runs)}] {run.label}: {suites.validate(run)}")
+  print(f"{len(runs)} run(s) valid; nothing was run (--dry_run)")
+  return 0
+
+
+def run() -> int:
+  if not FLAGS.suite:
+    raise UsageError("no --suite given; pass e.g. --suite=gin/suites/table1_local.gin "
+                     f"(suites: {', '.join(suites.available())})")
+  if FLAGS.run_timeout_s <= 0 or FLAGS.grace_s < 0:
+    raise UsageError(f"--run_timeout_s={FLAGS.run_timeout_s:g} / --grace_s="
+                     f"{FLAGS.grace_s:g}; use a positive timeout and a grace >= 0")
+  suites.check_train_flags(FLAGS.train_flag)
+  suite = suites.load(FLAGS.suite)
+  runs = suites.expand(suite)
+  for r in runs:  # every run checked before the first starts
+    suites.validate(r)
+  if FLAGS.dry_run:
+    return dry_run(runs)
+
+  results_path = _default_results(suite)
+  malformed = results.check_appendable(results_path)
+  for number, problem in malformed:
+    print(f"warning: {results_path}:{number} is not a record ({problem}); left "
+          "untouched", file=sys.stderr)
+  logs_dir = pathlib.Path(FLAGS.logs_dir or re.sub(r"\.jsonl$", "", results_path) + ".logs")
+  try:
+    logs_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--logs_dir={logs_dir} cannot be created ({e.strerror}); "
+                     "choose another") from None
+
+  done = suites.done_keys(results.read(results_path)[0])
+  todo = [r for r in runs if r.key not in done]
+  print(f"suite {suite.name}: {len(runs)} run(s), {len(runs) - len(todo)} already "
+        f"done in {results_path} (skipped), {len(todo)} to run; logs in {logs_dir}/",
+        flush=True)
+  durations, failures, finished = {}, [], 0
+  started = time.monotonic()
+  previous = signal.signal(signal.SIGTERM, _on_sigterm)
+  try:
+    for index, r in enumerate(todo, start=1):
+      position = f"[{index}/{len(todo)}] {r.label}"
+      # Named by key as well as label: a retried run overwrites its own log only.
+      log_path = logs_dir / f"{re.sub(r'[^A-Za-z0-9]+', '_', r.label)}-{r.key[:8]}.log"
+      print(f"{position}: running (log {log_path})", flush=True)
+      seen = {rec["run_id"] for rec in results.read(results_path)[0]}
+      run_started = time.monotonic()
+      ending = _execute(r, results_path, log_path)
+      durations.setdefault(r.group, []).append(time.monotonic() - run_started)
+      new = [rec for rec in results.read(results_path)[0]
+             if rec["run_id"] not in seen and suites.record_key(rec) == r.key]
+      status, line = _outcome(ending, new, log_path)
+      finished += 1
+      if status in ("failed", "died"):
+        failures.append(f"{r.label}: {line}")
+      print(f"{position}: {line} in {_duration(durations[r.group][-1])} | "
+            f"{index}/{len(todo)} done, {time_left(todo[index:], durations)}", flush=True)
+  except (KeyboardInterrupt, _Terminated):
+    print(f"error: interrupted; stopped the running child; {finished} of {len(todo)} "
+          f"run(s) finished, records kept in {results_path}; rerun the same command to "
+          "resume", file=sys.stderr)
+    return 130
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  print(f"suite {suite.name}: {finished} run(s) finished, {len(failures)} of them "
+        f"failed, {len(runs) - len(todo)} skipped as already done; took "
+        f"{_duration(time.monotonic() - started)}; records in {results_path}")
+  for failure in failures:
+    print(f"  failed: {failure}")
+  if failures:
+    print(f"error: {len(failures)} run(s) failed (listed above); rerun the same command "
+          "to retry only those", file=sys.stderr)
+    return 1
+  return 0
+
+
+def main(argv) -> int:
+  return errors.run_entry_point(run, argv)
+
+
+if __name__ == "__main__":
+  app.run(main)
