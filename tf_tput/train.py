@@ -60,8 +60,8 @@ flags.DEFINE_integer("log_every", 10, "Log progress every this many measured ste
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
                  "global_batch": "TrainConfig.global_batch"}
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
-             "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir", "log_every",
-             "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
+             "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
+             "log_every", "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
 
 
 def _experiment() -> config.Experiment:
@@ -156,7 +156,8 @@ def _check_strategy(experiment):
       raise UsageError(f"--cluster_timeout_s={FLAGS.cluster_timeout_s}; it must be > 0")
     chief, _ = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""))
     cluster.check_port_free(chief)
-  tpu_flags = {"tpu": FLAGS.tpu, "tpu_zone": FLAGS.tpu_zone, "gcp_project": FLAGS.gcp_project}
+  tpu_flags = {"tpu": FLAGS.tpu, "tpu_zone": FLAGS.tpu_zone,
+               "gcp_project": FLAGS.gcp_project}
   if strategy != "tpu":
     given = [name for name, value in tpu_flags.items() if value]
     if given:
