@@ -60,10 +60,20 @@ def test_t5_tiny_trains_on_2x2_mesh_with_tensorboard(tmp_path):
   assert (0, "loss") in tags and (11, "tokens_per_sec") in tags
 
 
-def test_decoder_tiny_trains_on_2x2_mesh_from_another_directory(tmp_path):
-  record, _ = _train(tmp_path, "decoder_tiny", cwd=tmp_path)
+def test_decoder_tiny_trains_on_2x2_mesh_from_another_directory_and_traces(tmp_path):
+  record, proc = _train(tmp_path, "decoder_tiny", f"--trace_dir={tmp_path / 'trace'}",
+                        cwd=tmp_path)
   _check_trained(record, "decoder_tiny", tokens_per_step=8 * 128)
   assert record["arch"] == "decoder" and record["inputs_length"] is None
+  # --trace_dir: one more step, not part of the run (12 losses are checked above).
+  [trace] = (tmp_path / "trace").iterdir()
+  assert trace.name == f"{record['run_id']}.trace.json"
+  events = json.loads(trace.read_text())["traceEvents"]
+  assert any(e.get("ph") == "X" and e.get("dur", 0) > 0 for e in events)
+  rows = [line for line in proc.stdout.splitlines()
+          if line.startswith("/job:localhost/replica:0/task:0/device:CPU:")]
+  assert len(rows) == 4, proc.stdout
+  assert all(float(row.split()[2]) > 0 for row in rows)  # compute op-seconds per device
 
 
 def test_bfloat16_activations_on_one_device(tmp_path):
@@ -77,17 +87,3 @@ def test_bfloat16_activations_on_one_device(tmp_path):
   assert record["dtype"] == "bfloat16" and record["num_devices"] == 1
   assert "bfloat16 matmul" in record["peak_source"]
   assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
-
-
-def test_trace_dir_writes_a_chrome_trace_and_a_per_device_summary(tmp_path):
-  record, proc = _train(tmp_path, "t5_tiny", f"--trace_dir={tmp_path / 'trace'}")
-  assert len(record["losses"]) == 12  # the traced step is not part of the run
-  [trace] = (tmp_path / "trace").iterdir()
-  assert trace.name == f"{record['run_id']}.trace.json"
-  events = json.loads(trace.read_text())["traceEvents"]
-  assert any(e.get("ph") == "X" and e.get("dur", 0) > 0 for e in events)
-  summary = proc.stdout.splitlines()
-  rows = [line for line in summary
-          if line.startswith("/job:localhost/replica:0/task:0/device:CPU:")]
-  assert len(rows) == 4, proc.stdout
-  assert all(float(row.split()[2]) > 0 for row in rows)  # compute op-seconds per device
