@@ -12,6 +12,7 @@ all the same way.
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,10 @@ import time
 from tf_tput import topology
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)
+# that never say why a process failed.
+_STARTUP_NOISE = re.compile(r"^\s*$|WARNING: All log messages before absl|To enable the|"
+                            r"[IWE]0000 |I\d{4} |W\d{4} .*(cuda|TensorRT)|E\d{4} .*cuda")
 
 POLL_S = 0.2
 
@@ -33,6 +38,17 @@ def _die_with_parent() -> None:
   """In the child: receive SIGTERM if the launcher dies, even by SIGKILL (Linux)."""
   if sys.platform.startswith("linux"):
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def log_tail(path, lines: int, empty: str) -> str:
+  """The last `lines` meaningful lines of a child's log file, joined on one line."""
+  try:
+    with open(path, "rb") as f:
+      text = f.read().decode(errors="replace")
+  except OSError:
+    return "(no log)"
+  kept = [line.strip() for line in text.splitlines() if not _STARTUP_NOISE.match(line)]
+  return " | ".join(kept[-lines:])[-600:] or empty
 
 
 def free_loopback_ports(count: int) -> list:

@@ -8,7 +8,6 @@ its output in a log file whose end is quoted when it fails.
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -23,10 +22,7 @@ SERVER_MODULE = "tf_tput.tf_server"
 POLL_S = 0.05
 WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
 UNBOUNDED_LIFETIME_S = 7 * 24 * 3600.0  # workers still exit with their launcher
-LOG_TAIL_CHARS = 4000
-# TF's start-up notices, printed before absl logging honours TF_CPP_MIN_LOG_LEVEL.
-_ABSL_NOISE = re.compile(r"I\d{4} |W\d{4} .*(cuda|TensorRT)|WARNING: All log messages "
-                         r"before absl|To enable the|E\d{4} .*cuda")
+LOG_TAIL_LINES = 10
 
 
 def busy_ports(ports) -> list:
@@ -113,9 +109,8 @@ class WorkerProcesses:
 
   def describe(self, task_and_code) -> str:
     task, code = task_and_code
-    lines = [line for line in self._log(task)[-LOG_TAIL_CHARS:].splitlines()
-             if line.strip() and not _ABSL_NOISE.match(line)]
-    tail = " | ".join(lines[-10:]) or "(nothing but TF start-up notices)"
+    tail = processes.log_tail(self._log_path(task), LOG_TAIL_LINES,
+                              "(nothing but TF start-up notices)")
     return (f"worker {task} (pid {self.procs[task].pid}, {self.addresses[task]}) "
             f"{processes.how(code)}; its log ends: {tail}")
 

@@ -39,12 +39,6 @@ def test_matmul_before_the_allreduce():
   assert len(times) == 2 and all(t > 0 for t in times)
 
 
-def test_check_rejects_a_wrong_value():
-  micro.check(16, 16, "here")
-  with pytest.raises(micro.CheckError, match="host 1: got 15, expected 16"):
-    micro.check(15, 16, "host 1")
-
-
 def test_a_wrong_result_fails_the_run_and_stops_the_cluster(monkeypatch):
   # The driver expects one more than the AllReduce produces: the first check fails.
   monkeypatch.setattr(ray_actors, "_expected", lambda done: done + 1)
@@ -57,4 +51,3 @@ def test_a_timeout_fails_the_run_and_stops_the_cluster():
   # Ray's start-up alone takes longer: the run stops at its first wait.
   with pytest.raises(TimeoutError, match="ray: timed out"):
     ray_actors.run(fast_spec("opbyop", timeout_s=0.5))
-

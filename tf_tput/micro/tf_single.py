@@ -75,7 +75,7 @@ from tf_tput import cluster as cluster_lib, micro, tf_workers
 from tf_tput.errors import UsageError
 
 MODES = ("opbyop", "chained", "fused")
-JOB = "worker"
+JOB = cluster_lib.WORKER
 STOP_GRACE_S = 3.0
 CLOSE_WAIT_S = 2.0                  # a session close that hangs is left behind after this
 LIFETIME_MARGIN_S = 30.0            # servers exit on their own this long after the deadline

@@ -44,8 +44,6 @@ flags.DEFINE_multi_string("train_flag", [], "A tf_tput.train flag for every trai
 flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
 
 LOG_TAIL_LINES = 5
-# Start-up chatter that says nothing about why a run failed.
-_NOISE = re.compile(r"^(WARNING: All log messages|I0000|W0000|E0000|\s*$)")
 
 
 def _duration(seconds: float) -> str:
@@ -71,15 +69,6 @@ def time_left(remaining: list, durations: dict) -> str:
               if run.group in durations else overall for run in remaining)
   note = f" ({guessed} of them guessed from the mean of others)" if guessed else ""
   return f"~{_duration(total)} left for {len(remaining)} run(s){note}"
-
-
-def _log_tail(path: pathlib.Path) -> str:
-  try:
-    lines = path.read_text(errors="replace").splitlines()
-  except OSError:
-    return "(no log)"
-  lines = [line.strip() for line in lines if not _NOISE.match(line)]
-  return " | ".join(lines[-LOG_TAIL_LINES:])[-600:] or "(empty log)"
 
 
 class _Terminated(Exception):
@@ -117,7 +106,7 @@ def _outcome(ending: str, new_records: list, log_path) -> tuple:
   """(status word, one-line description) of a finished run."""
   if not new_records:
     return "died", (f"{ending}, no record written; log {log_path}: "
-                    f"{_log_tail(log_path)}")
+                    f"{processes.log_tail(log_path, LOG_TAIL_LINES, '(empty log)')}")
   record = new_records[-1]
   if record["status"] == "failed":
     return "failed", f"failed ({ending}), recorded: {record['error']}"
