@@ -1,6 +1,6 @@
 """Result records for report tests: valid by the schema, values chosen by the test."""
 
-from tf_tput import results
+from tf_tput.records import results
 
 ENV = {"python": "3.11.7", "tensorflow": "2.21.0", "mesh_tensorflow": "0.1.21",
        "jax": "0.10.2", "numpy": "2.4.6", "platform": "Linux-test", "cpu": "Test CPU",

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import gin
 
 from tf_tput import GIN_DIR, REPO_ROOT
-from tf_tput import errors
+from tf_tput import errors, models
 from tf_tput.errors import UsageError
 
 ARCHS = ("encoder_decoder", "decoder")
@@ -187,7 +187,6 @@ def _check_positive(value, name: str, minimum: int = 1) -> None:
 
 def tensor_dim_sizes(experiment: Experiment) -> dict:
   """Sizes of the named tensor dimensions a layout can place on mesh axes."""
-  from tf_tput import models  # models imports config; keep the cycle out of import time
   m = experiment.model
   return {
       "batch": experiment.train.global_batch, "d_model": m.d_model, "d_ff": m.d_ff,
@@ -251,7 +250,6 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None,
 
 def _check_one_dim_per_axis(experiment: Experiment, mesh_shape: dict, layout: dict) -> None:
   """As mtf requires: no tensor may put two of its dimensions on one mesh axis."""
-  from tf_tput import models
   for dims in models.tensor_dim_names(experiment.model):
     on_axis = {}
     for name in dims:

@@ -6,14 +6,14 @@ JAX processes (N copies of the command, joined by jax.distributed):
         python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
 
 Each process gets TF_TPUT_COORDINATOR (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES
-and TF_TPUT_PROCESS_ID; tf_tput.topology joins them with jax.distributed.
+and TF_TPUT_PROCESS_ID; tf_tput.runtime.topology joins them with jax.distributed.
 
 A TF cluster (N tf.distribute.Server workers, the command as their chief):
 
     python -m tf_tput.launch --num_workers=2 --devices_per_worker=2 -- \
         python -m tf_tput.train --system=mtf --strategy=multi_worker ...
 
-The workers (tf_tput.tf_server) listen on free loopback ports (or --port onwards) and
+The workers (tf_tput.runtime.tf_server) listen on free loopback ports (or --port onwards) and
 must serve within --start_timeout_s; the command gets TF_CONFIG naming it the chief.
 
 When any process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL
@@ -25,7 +25,7 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import processes, tf_workers
+from tf_tput.runtime import processes, tf_workers
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "JAX: processes to start, each running the "

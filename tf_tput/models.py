@@ -1,15 +1,19 @@
 """Framework-neutral model arithmetic: variables, parameter count, FLOPs, bytes per device.
 
-One place for these formulas: `tf_tput.plan` prints them, `tf_tput.metrics` uses them
+One place for these formulas: `tf_tput.plan` prints them, `tf_tput.measure.metrics` uses them
 for MFU, and tests pin them against the variables mesh_tensorflow actually creates.
 Variable shapes follow mesh_tensorflow.transformer (mtf dimension names, attention
 projections with heads and d_kv combined into one "heads" dimension).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
-from tf_tput.config import ModelConfig
+if TYPE_CHECKING:  # for annotations only: config imports this module to validate layouts
+  from tf_tput.config import ModelConfig
 
 # mtf's Unitransformer pads the vocabulary to a multiple of this (vocab_divisor).
 VOCAB_DIVISOR = 128

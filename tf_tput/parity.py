@@ -15,7 +15,8 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import config, data, errors, systems, topology as topology_lib
+from tf_tput import config, data, errors, systems
+from tf_tput.runtime import topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS

@@ -8,17 +8,19 @@ Everything that can be wrong with the request is checked before any framework
 starts; a run that fails after that still appends a record with status "failed".
 """
 
-import datetime
+import dataclasses
 import os
 import sys
-import uuid
+from typing import Optional
 
 from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import benchmark, cluster, config, data, errors, metrics, models, provenance
-from tf_tput import results, systems, topology as topology_lib
+from tf_tput import config, data, errors, models, systems
+from tf_tput.measure import loop, metrics, peak as peak_lib
+from tf_tput.records import build, results
+from tf_tput.runtime import cluster, topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
@@ -71,44 +73,35 @@ def _experiment() -> config.Experiment:
   return config.load_experiment(FLAGS.gin_file, bindings)
 
 
-def _peak(topology, dtype: str) -> tuple:
-  """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else."""
-  if topology.platform != "cpu":
-    return metrics.table_peak(topology.device_kind, dtype)
-  n = metrics.MATMUL_PEAK_SIZE
-  whole_cpu = metrics.measure_matmul_peak(topology_lib.matmul_runner(topology, n, dtype))
-  # Devices that share one CPU share its peak: all of them on this host, else a worker's.
-  sharing = (topology.num_devices if topology.shares_host_cpu
-             else len(topology.workers[0].devices))
-  where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
-           else f"worker 0's CPU ({topology.workers[0].address})")
-  source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
-            f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {sharing} virtual device(s)")
-  return whole_cpu / sharing, source
+@dataclasses.dataclass
+class Outcome:
+  """What training and measuring produced, whether or not the run succeeded."""
+  measurement: loop.Measurement
+  num_params: int
+  device_memory_bytes: Optional[int] = None
 
 
-def _record(experiment, topology, measurement, summary, peak_source, num_params,
-            device_memory, started_at, run_id) -> dict:
+def _record(experiment, topology, outcome: Outcome, summary, peak_source, started_at,
+            run_id) -> dict:
   m, d, t = experiment.model, experiment.data, experiment.train
+  measurement = outcome.measurement
   losses = measurement.losses
-  return {
-      "schema": results.SCHEMA, "run_id": run_id, "started_at": started_at,
-      "status": "failed" if measurement.error else "ok", "error": measurement.error,
+  return build.record(results.SCHEMA, {
       "system": FLAGS.system,
       "strategy": topology.strategy,
       "model": m.name, "arch": m.arch,
-      "num_params": num_params, "mesh_shape": experiment.mesh.mesh_shape,
+      "num_params": outcome.num_params, "mesh_shape": experiment.mesh.mesh_shape,
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
       "num_processes": topology.num_processes, "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
       "steps": t.steps, "warmup_steps": t.warmup_steps, **summary,
-      "peak_source": peak_source, "device_memory_bytes": device_memory,
+      "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,
       "losses": losses, "final_loss": losses[-1] if losses else None,
       "config": experiment.operative_config,
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
-      "env": provenance.env(topology.describe()), "git_commit": provenance.git_commit(),
-  }
+  }, topology.describe(), status="failed" if measurement.error else "ok",
+      error=measurement.error, run_id=run_id, started_at=started_at)
 
 
 def _summary_lines(record: dict, path: str, line: int) -> list:
@@ -174,17 +167,18 @@ def _check_strategy(experiment):
 
 def _trace_one_step(trainer, batches, run_id: str) -> None:
   """An extra, unmeasured step under TF's trace; its summary goes to stdout."""
-  from tf_tput import tf_trace
+  from tf_tput.measure import tf_trace
   path = os.path.join(FLAGS.trace_dir, f"{run_id}.trace.json")
   rows, wall_s = trainer.trace_step(next(batches), path)
   print(tf_trace.format_summary(rows, wall_s) + f"\nChrome trace: {path}", flush=True)
 
 
-def run() -> int:
+def _checked_request():
+  """Everything the flags and gin files ask for, checked before any framework starts:
+  (experiment, TPU address or None, lines of --results that are not records)."""
   systems.check_name(FLAGS.system)
   experiment = _experiment()
   num_processes, process_id = topology_lib.launched_processes()
-  writes_record = process_id == 0  # launched processes: process 0 speaks for all
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
@@ -192,6 +186,7 @@ def run() -> int:
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)
+  writes_record = process_id == 0
   malformed = results.check_appendable(FLAGS.results) if writes_record else []
   if FLAGS.tensorboard_dir and writes_record:
     _check_writable_dir(FLAGS.tensorboard_dir, "--tensorboard_dir")
@@ -203,8 +198,12 @@ def run() -> int:
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
                     problem)
+  return experiment, tpu_address, malformed
 
-  system = systems.load(FLAGS.system)
+
+def _resolve_devices(system, experiment, tpu_address):
+  """The run's Topology, checked against the mesh."""
+  num_processes, _ = topology_lib.launched_processes()
   if num_processes > 1 and not system.multi_process:
     raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
                      "controller), not under tf_tput.launch --num_processes; for a "
@@ -214,55 +213,50 @@ def run() -> int:
                                   FLAGS.cluster_timeout_s, tpu_address)
   config.validate(experiment, num_devices=topology.num_devices,
                   num_processes=num_processes)
-  started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  run_id = uuid.uuid4().hex[:12]
-  logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
-               experiment.model.name, system.name, topology.num_devices,
-               topology.platform, topology.num_processes)
+  return topology
 
+
+def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Outcome:
+  """Builds the trainer and runs the shared measured loop; a build failure or a failed
+  step is recorded in the measurement, not raised."""
   batches = data.batches(experiment)
-  # Only the writer measures the peak: the processes share this host's cores.
-  peak, peak_source = (_peak(topology, experiment.model.activation_dtype) if writes_record
-                       else (None, "not measured on this process"))
   writer = None
   if FLAGS.tensorboard_dir and writes_record:
-    from tf_tput.tensorboard import ScalarWriter
+    from tf_tput.measure.tensorboard import ScalarWriter
     writer = ScalarWriter(FLAGS.tensorboard_dir)
-  device_memory = None
-  num_params = models.num_params(experiment.model)
+  outcome = Outcome(loop.Measurement(warmup_steps=experiment.train.warmup_steps),
+                    models.num_params(experiment.model))
   try:
-    trainer = system.build(experiment, topology)
-  except UsageError:
-    raise
-  except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
-    logging.exception("building %s failed", system.name)
-    measurement = benchmark.Measurement(
-        warmup_steps=experiment.train.warmup_steps,
-        error=f"build: {errors.one_line(e)}")
-  else:
     try:
-      num_params = trainer.num_params
-      measurement = benchmark.run(
+      trainer = system.build(experiment, topology)
+    except UsageError:
+      raise
+    except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
+      logging.exception("building %s failed", system.name)
+      outcome.measurement.error = f"build: {errors.one_line(e)}"
+      return outcome
+    try:
+      outcome.num_params = trainer.num_params
+      outcome.measurement = loop.run(
           trainer, batches, experiment.train.steps, experiment.train.warmup_steps,
           log_every=FLAGS.log_every, on_step=writer.write if writer else None)
-      device_memory = trainer.device_memory_bytes()
-      if FLAGS.trace_dir and not measurement.error:
+      outcome.device_memory_bytes = trainer.device_memory_bytes()
+      if FLAGS.trace_dir and not outcome.measurement.error:
         _trace_one_step(trainer, batches, run_id)
     finally:
       trainer.close()
   finally:
     if writer is not None:
       writer.close()
+  return outcome
 
-  if not writes_record:
-    return 1 if measurement.error else 0
-  summary = metrics.summarize(measurement, experiment, topology.num_devices, peak)
-  record = _record(experiment, topology, measurement, summary, peak_source, num_params,
-                   device_memory, started_at, run_id)
+
+def _report(record: dict, malformed: list) -> int:
+  """Appends the record, prints its summary; the exit code."""
   line = results.append(FLAGS.results, record)
   print("\n".join(_summary_lines(record, FLAGS.results, line)), flush=True)
-  if measurement.error:
-    print(f"error: run failed: {measurement.error}", file=sys.stderr)
+  if record["error"]:
+    print(f"error: run failed: {record['error']}", file=sys.stderr)
     return 1
   if malformed:
     lines = ", ".join(str(number) for number, _ in malformed)
@@ -270,6 +264,26 @@ def run() -> int:
           f"this run's record is line {line}); remove or fix them", file=sys.stderr)
     return 1
   return 0
+
+
+def run() -> int:
+  experiment, tpu_address, malformed = _checked_request()
+  system = systems.load(FLAGS.system)
+  topology = _resolve_devices(system, experiment, tpu_address)
+  writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
+  started_at, run_id = build.utc_now(), build.new_run_id()
+  logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
+               experiment.model.name, system.name, topology.num_devices,
+               topology.platform, topology.num_processes)
+  # Only the writer measures the peak: the processes share this host's cores.
+  peak, peak_source = (peak_lib.peak(topology, experiment.model.activation_dtype)
+                       if writes_record else (None, "not measured on this process"))
+  outcome = _train(system, experiment, topology, writes_record, run_id)
+  if not writes_record:
+    return 1 if outcome.measurement.error else 0
+  summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices, peak)
+  return _report(_record(experiment, topology, outcome, summary, peak_source, started_at,
+                         run_id), malformed)
 
 
 def main(argv) -> int:

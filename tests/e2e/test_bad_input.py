@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tf_tput import results
+from tf_tput.records import results
 
 from cli_helpers import error_lines, run_cli
 

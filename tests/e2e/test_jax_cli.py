@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tf_tput import config, models, results
+from tf_tput import config, models
+from tf_tput.records import results
 
 from cli_helpers import run_cli
 

@@ -8,7 +8,8 @@ import sys
 import time
 
 import process_checks
-from tf_tput import micro, results
+from tf_tput import micro
+from tf_tput.records import results
 
 from cli_helpers import REPO, error_lines, run_cli
 

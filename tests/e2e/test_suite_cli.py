@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tf_tput import results
+from tf_tput.records import results
 
 from cli_helpers import REPO, error_lines, run_cli
 

@@ -17,7 +17,8 @@ import time
 import psutil
 import pytest
 
-from tf_tput import processes, results
+from tf_tput.records import results
+from tf_tput.runtime import processes
 
 from cli_helpers import REPO, error_lines, run_cli
 

@@ -6,7 +6,8 @@ import statistics
 
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from tf_tput import config, models, results
+from tf_tput import config, models
+from tf_tput.records import results
 
 from cli_helpers import REPO, run_cli
 

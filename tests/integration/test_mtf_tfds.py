@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 from tf_tput import config, data, models
 from tf_tput.errors import UsageError
 from tf_tput.systems import mtf
-from tf_tput.topology import Topology
+from tf_tput.runtime.topology import Topology
 
 FOUR_SLICES_ON_ONE_CPU = Topology("tf", "cpu", ("",) * 4, "cpu")
 

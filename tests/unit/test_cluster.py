@@ -1,4 +1,4 @@
-"""TF_CONFIG checks, worker device lists and reachability (tf_tput.cluster)."""
+"""TF_CONFIG checks, worker device lists and reachability (tf_tput.runtime.cluster)."""
 
 import json
 import socket
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tf_tput import cluster, processes
+from tf_tput.runtime import cluster, processes
 from tf_tput.errors import UsageError
 
 

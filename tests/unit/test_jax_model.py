@@ -15,7 +15,7 @@ from tf_tput import config  # noqa: E402
 from tf_tput import data  # noqa: E402
 from tf_tput import models  # noqa: E402
 from tf_tput.systems import jax_model  # noqa: E402
-from tf_tput.topology import Topology  # noqa: E402
+from tf_tput.runtime.topology import Topology  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 

@@ -1,13 +1,11 @@
-"""tf_tput/metrics.py: step-time statistics, the summary fields, the peak table."""
-
-import math
+"""tf_tput/measure/metrics.py: step-time statistics and the summary fields."""
 
 import pytest
 
 from tf_tput import config
-from tf_tput import metrics
+from tf_tput.measure import metrics
 from tf_tput import models
-from tf_tput.benchmark import Measurement
+from tf_tput.measure.loop import Measurement
 
 STAT_KEYS = ("median", "mean", "p10", "p90", "min", "max")
 
@@ -90,53 +88,3 @@ def test_summarize_nothing_measured(tiny_experiment):
               "padded_tokens_per_step", "model_tflops_per_sec", "mfu"):
     assert s[key] is None, key
   assert s["step_time_s"] == {k: None for k in STAT_KEYS}
-
-
-@pytest.mark.parametrize("kind,key", [
-    ("NVIDIA H100 80GB HBM3", "h100"),
-    ("NVIDIA A100-SXM4-40GB", "a100"),
-    ("NVIDIA H200", "h200"),
-    ("TPU v2", "tpu_v2"),
-    ("TPU v3", "tpu_v3"),
-    ("TPU v4", "tpu_v4"),
-    ("TPU v5 lite", "tpu_v5e"),
-    ("TPU v5e", "tpu_v5e"),
-    ("TPU v5p", "tpu_v5p"),
-    ("Tesla T4", None),
-    ("Intel(R) Xeon(R) Platinum 8480+", None),
-    ("", None),
-])
-def test_accelerator_key(kind, key):
-  assert metrics.accelerator_key(kind) == key
-
-
-def test_table_peak_known():
-  assert metrics.table_peak("NVIDIA H100 80GB HBM3", "bfloat16") == (
-      989.4e12, "table:h100:bfloat16")
-  assert metrics.table_peak("NVIDIA H100 80GB HBM3", "float32") == (
-      494.7e12, "table:h100:float32")
-  assert metrics.table_peak("TPU v3", "bfloat16") == (61.5e12, "table:tpu_v3:bfloat16")
-  assert metrics.table_peak("TPU v5 lite", "bfloat16") == (
-      197e12, "table:tpu_v5e:bfloat16")
-
-
-@pytest.mark.parametrize("kind,dtype", [
-    ("Tesla T4", "float32"),
-    ("AMD EPYC 7B13", "bfloat16"),
-    ("TPU v3", "float32"),   # known device, no float32 entry: no guessed peak
-])
-def test_table_peak_unknown(kind, dtype):
-  peak, source = metrics.table_peak(kind, dtype)
-  assert peak is None
-  assert source.startswith("none")
-  assert kind in source and dtype in source
-
-
-def test_measure_matmul_peak_with_fake_runner():
-  calls = []
-  def runner():  # a little real work, so no timed call can read as 0 s
-    calls.append(sum(range(10_000)))
-  rate = metrics.measure_matmul_peak(runner, n=64, repeats=3)
-  assert len(calls) == 4   # one warm-up call, then the timed repeats
-  assert rate > 0
-  assert math.isfinite(rate)

@@ -246,7 +246,7 @@ def _check_matches_mtf(gin_files, gin_params):
   import tensorflow as tf
 
   from tf_tput import data
-  from tf_tput import topology
+  from tf_tput.runtime import topology
   from tf_tput.systems import mtf as mtf_system
 
   params = ["TrainConfig.global_batch = 4", "DataConfig.inputs_length = 16",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tf_tput import results
+from tf_tput.records import results
 from tf_tput.errors import UsageError
 
 

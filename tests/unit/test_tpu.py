@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from absl import flags
 
-from tf_tput import config, topology, tpu
+from tf_tput import config
+from tf_tput.runtime import topology, tpu
 from tf_tput.errors import UsageError
-from tf_tput.systems import mtf as mtf_system
+from tf_tput.systems import mtf_model
 
 tf = pytest.importorskip("tensorflow")
 
@@ -74,11 +75,11 @@ def test_tpus_get_the_simd_mesh_implementation_other_devices_the_placement_one()
   assignment = tpu.device_assignment(tf, _v3_8(), 8)
   on_tpu = topology.Topology("tf", "tpu", tuple(f"tpu{i}" for i in range(8)), "TPU v3",
                              strategy="tpu", handles={"device_assignment": assignment})
-  impl = mtf_system.mesh_impl(mtf, experiment, on_tpu)
+  impl = mtf_model.mesh_impl(mtf, experiment, on_tpu)
   assert isinstance(impl, mtf.simd_mesh_impl.SimdMeshImpl)
   assert impl.shape.to_integer_list == [4, 2] and impl.device_assignment is assignment
   on_cpu = topology.Topology("tf", "cpu", tuple(f"/device:CPU:{i}" for i in range(8)),
                              "cpu")
-  impl = mtf_system.mesh_impl(mtf, experiment, on_cpu)
+  impl = mtf_model.mesh_impl(mtf, experiment, on_cpu)
   assert isinstance(impl, mtf.placement_mesh_impl.PlacementMeshImpl)
   assert impl.devices == list(on_cpu.devices)

@@ -9,16 +9,15 @@ A system whose extra is not installed is recorded as skipped, a mode a system do
 not have as not applicable, a failed run as failed; the others still run.
 """
 
-import datetime
 import sys
 import time
-import uuid
 
 from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import micro, provenance, results
+from tf_tput import micro
+from tf_tput.records import build, provenance, results
 from tf_tput import errors
 from tf_tput.errors import UsageError
 
@@ -47,20 +46,15 @@ flags.DEFINE_bool("bare_loop", True, "With jax opbyop on 1 host, also time a bar
 def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None):
   rates = [spec.computations / s for s in seconds]
   wall = sum(seconds) if seconds else None
-  return {
-      "schema": results.MICRO_SCHEMA, "run_id": uuid.uuid4().hex[:12],
-      "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
-          timespec="seconds"),
-      "status": status, "error": error, "system": spec.system, "mode": spec.mode,
+  return build.record(results.MICRO_SCHEMA, {
+      "system": spec.system, "mode": spec.mode,
       "hosts": spec.hosts, "devices_per_host": spec.devices_per_host,
       "chain_length": spec.chain_length, "computations": spec.computations,
       "matmul_n": spec.matmul_n, "computation_ms": computation_ms, "wall_s": wall,
       "computations_per_sec": spec.computations * len(seconds) / wall if wall else None,
       "repeats": rates,
-      "env": provenance.env([{"platform": "cpu", "kind": provenance.cpu_model(),
-                              "count": spec.num_devices}]),
-      "git_commit": provenance.git_commit(),
-  }
+  }, [{"platform": "cpu", "kind": provenance.cpu_model(), "count": spec.num_devices}],
+      status=status, error=error)
 
 
 def measure(spec: micro.Spec, computation_ms=None) -> dict:

@@ -13,7 +13,8 @@ import time
 from absl import app
 from absl import flags
 
-from tf_tput import micro, topology
+from tf_tput import micro
+from tf_tput.runtime import topology
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("spec", None, "micro.Spec as JSON.", required=True)

@@ -1,6 +1,6 @@
 """JAX multi-controller: every host is a process running the same program.
 
-Each host is a jax.distributed process (tf_tput.processes starts them on loopback, gloo
+Each host is a jax.distributed process (tf_tput.runtime.processes starts them on loopback, gloo
 CPU collectives) with devices_per_host XLA CPU devices; one global Mesh spans them.
 The computation is a shard_map'd psum + add (tf_tput/micro/__init__.py):
   opbyop  one jitted call per computation;
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from tf_tput import processes
+from tf_tput.runtime import processes
 from tf_tput.micro import Spec
 
 MODES = ("opbyop", "fused")

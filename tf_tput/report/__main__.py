@@ -16,7 +16,8 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import errors, results
+from tf_tput import errors
+from tf_tput.records import results
 from tf_tput.errors import UsageError
 from tf_tput.report import compare as compare_lib
 from tf_tput.report import document, tables

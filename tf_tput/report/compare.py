@@ -10,7 +10,7 @@ fewer than MIN_SAMPLES measurements shows little or no noise, so such a comparis
 is "undetermined" instead.
 """
 
-from tf_tput import results
+from tf_tput.records import results
 from tf_tput.report import tables
 
 FASTER = "faster (beyond the spread)"

@@ -8,7 +8,8 @@ tokens_band, and used by every table, plot and comparison.
 import json
 import statistics
 
-from tf_tput import micro, results
+from tf_tput import micro
+from tf_tput.records import results
 from tf_tput.report import published
 
 BASELINE_SYSTEM = "mtf"

@@ -25,8 +25,9 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, results, systems
-from tf_tput import topology
+from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, systems
+from tf_tput.records import results
+from tf_tput.runtime import topology
 from tf_tput.errors import UsageError
 
 SUITES_DIR = GIN_DIR / "suites"

@@ -23,7 +23,9 @@ import time
 from absl import app
 from absl import flags
 
-from tf_tput import REPO_ROOT, errors, processes, results
+from tf_tput import REPO_ROOT, errors
+from tf_tput.records import results
+from tf_tput.runtime import processes
 from tf_tput import suite as suites
 from tf_tput.errors import UsageError
 

@@ -2,8 +2,8 @@
 
 Built the way Mesh TensorFlow's own TPUEstimator path built it, without the Estimator:
 the mtf graph is traced once inside tf.compat.v1.tpu.replicate, one replica per TPU
-core placed by the topology's DeviceAssignment (tf_tput.tpu), and lowered by mtf's
-SimdMeshImpl (tf_tput.systems.mtf.mesh_impl). Every replica receives the whole global
+core placed by the topology's DeviceAssignment (tf_tput.runtime.tpu), and lowered by mtf's
+SimdMeshImpl (tf_tput.systems.mtf_model.mesh_impl). Every replica receives the whole global
 batch, as TPUEstimator's BROADCAST input mode did, and SimdMeshImpl cuts its slice on
 the core. Variables are mtf's: SimdMeshImpl creates one slice variable per core plus a
 master copy on the host, initialized by copy_masters_to_slices as MtfRestoreHook did.
@@ -18,7 +18,7 @@ import logging
 from typing import Optional
 
 from tf_tput import compat, data
-from tf_tput.systems import mtf as mtf_system
+from tf_tput.systems import mtf_model
 
 
 class MtfTpuTrainer:
@@ -43,7 +43,7 @@ class MtfTpuTrainer:
       self._placeholders = {k: tf1.placeholder(tf.int32, [batch, lengths[k.split("_")[0]]],
                                                name=k) for k in features}
       global_step = tf1.train.get_or_create_global_step()
-      impl = mtf_system.mesh_impl(mtf, experiment, topology)
+      impl = mtf_model.mesh_impl(mtf, experiment, topology)
 
       def replica_step(*tensors):
         graph = mtf.Graph()
@@ -55,8 +55,8 @@ class MtfTpuTrainer:
           shape = mtf.Shape([batch_dim, mtf.Dimension("length", length)])
           return mtf.import_fully_replicated(mesh, given[key], shape, name=key)
 
-        loss = mtf_system.build_loss(mtf, mtf_t, experiment, mesh, import_feature)
-        updates = mtf_system.optimizer_updates(mtf, graph, loss)
+        loss = mtf_model.build_loss(mtf, mtf_t, experiment, mesh, import_feature)
+        updates = mtf_model.optimizer_updates(mtf, graph, loss)
         lowering = mtf.Lowering(graph, {mesh: impl})
         built.update(lowering=lowering, num_params=sum(
             v.shape.size for v in graph.trainable_variables))
@@ -76,7 +76,7 @@ class MtfTpuTrainer:
       init = tf1.global_variables_initializer()
       copy_masters_to_slices = built["lowering"].copy_masters_to_slices()
       self._graph.finalize()
-    from tf_tput import tpu
+    from tf_tput.runtime import tpu
     self._session = tf1.Session(topology.session_target, graph=self._graph,
                                 config=tpu.session_config(tf, topology.handles["resolver"]))
     self._session.run(self._initialize_tpu)

@@ -78,10 +78,19 @@ def accelerator_kind(resolver) -> str:
   return "TPU (type unknown: no Cloud TPU API answer)"
 
 
-def resolve(address: TpuAddress):
-  """Connects, initializes the TPU system, and returns the Topology of every core."""
+@dataclasses.dataclass(frozen=True)
+class TpuSlice:
+  """A connected, initialized slice: what tf_tput.runtime.topology turns into a Topology."""
+  master: str                # grpc://... of the TPU worker that runs the Session
+  devices: tuple             # one TF device name per core, in replica order
+  accelerator_kind: str      # "TPU v3", or a note that the type is unknown
+  num_hosts: int
+  handles: dict              # the resolver and the DeviceAssignment, kept alive
+
+
+def connect(address: TpuAddress) -> TpuSlice:
+  """Connects, initializes the TPU system, and assigns one replica to every core."""
   import tensorflow as tf
-  from tf_tput import topology as topology_lib
 
   resolver = cluster_resolver(address)
   master = resolver.master()
@@ -93,11 +102,8 @@ def resolve(address: TpuAddress):
   cores = tpu_topology.num_tasks * tpu_topology.num_tpus_per_task
   assignment = device_assignment(tf, tpu_topology, cores)
   devices = tuple(assignment.tpu_device(replica=r) for r in range(cores))
-  return topology_lib.Topology(
-      "tf", "tpu", devices, accelerator_kind(resolver),
-      num_processes=tpu_topology.num_tasks, strategy="tpu", session_target=master,
-      shares_host_cpu=False,
-      handles={"resolver": resolver, "device_assignment": assignment})
+  return TpuSlice(master, devices, accelerator_kind(resolver), tpu_topology.num_tasks,
+                  {"resolver": resolver, "device_assignment": assignment})
 
 
 def session_config(tf, resolver):

@@ -8,68 +8,11 @@ completion of the last warmup step); MFU counts every position the model compute
 
 import resource
 import sys
-import time
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from tf_tput import models
-
-# Dense peak FLOP/s per device as frameworks address it (a TPU v2/v3 core, a v4/v5
-# chip, a GPU), from the vendors' published figures. float32 on NVIDIA Ampere and
-# later is the TF32 tensor-core rate, which TensorFlow and JAX use for float32 matmuls
-# by default. A missing entry gives no MFU rather than a guessed one.
-PEAK_FLOPS = {
-    ("tpu_v2", "bfloat16"): 22.5e12,
-    ("tpu_v3", "bfloat16"): 61.5e12,
-    ("tpu_v4", "bfloat16"): 275e12,
-    ("tpu_v5e", "bfloat16"): 197e12,
-    ("tpu_v5p", "bfloat16"): 459e12,
-    ("a100", "bfloat16"): 312e12,
-    ("a100", "float32"): 156e12,
-    ("h100", "bfloat16"): 989.4e12,
-    ("h100", "float32"): 494.7e12,
-    ("h200", "bfloat16"): 989.4e12,
-    ("h200", "float32"): 494.7e12,
-}
-
-# Device kinds whose name does not contain their table key.
-DEVICE_KIND_ALIASES = {"tpuv5lite": "tpu_v5e"}
-
-MATMUL_PEAK_SIZE = 2048  # n of the n x n x n matmul that measures a CPU's peak
-
-
-def accelerator_key(device_kind: str) -> Optional[str]:
-  """'NVIDIA H100 80GB HBM3' -> 'h100', 'TPU v3' -> 'tpu_v3'; None when unknown."""
-  kind = device_kind.lower().replace(" ", "").replace("-", "")
-  for alias, key in DEVICE_KIND_ALIASES.items():
-    if alias in kind:
-      return key
-  for key in sorted({k for k, _ in PEAK_FLOPS}, key=len, reverse=True):
-    if key.replace("_", "") in kind:
-      return key
-  return None
-
-
-def table_peak(device_kind: str, dtype: str) -> tuple:
-  """(peak FLOP/s per device or None, peak_source) from PEAK_FLOPS."""
-  key = accelerator_key(device_kind)
-  if key and (key, dtype) in PEAK_FLOPS:
-    return PEAK_FLOPS[(key, dtype)], f"table:{key}:{dtype}"
-  return None, f"none: no peak table entry for {device_kind!r} at {dtype}"
-
-
-def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZE,
-                        repeats: int = 10) -> float:
-  """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done."""
-  run_matmul()  # first call compiles / allocates
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    run_matmul()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n ** 3 / best
-
 
 def step_time_stats(durations: Sequence[float]) -> dict:
   d = np.asarray(durations, dtype=np.float64)

@@ -1,4 +1,4 @@
-"""tf_tput/benchmark.py: the shared measured loop, with a fake trainer and a fake clock."""
+"""tf_tput/measure/loop.py: the shared measured loop, with a fake trainer and a fake clock."""
 
 import itertools
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tf_tput import benchmark
+from tf_tput.measure import loop
 
 
 class FakeTrainer:
@@ -45,8 +45,8 @@ TIMES = [10.0, 12.0, 12.5, 13.5, 13.75, 15.75]   # completion of steps 0..5
 
 def test_run_records_losses_tokens_and_durations():
   trainer = FakeTrainer()
-  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
-  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
+  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
   assert m.error is None
   assert m.warmup_steps == 2
   assert m.steps_completed == 6
@@ -64,8 +64,8 @@ def test_run_records_losses_tokens_and_durations():
 
 def test_run_trainer_raises_at_step_3():
   trainer = FakeTrainer(fail_at=3)
-  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
-  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
+  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
   assert m.error is not None
   assert "step 3" in m.error
   assert "RuntimeError" in m.error and "device exploded" in m.error
@@ -79,8 +79,8 @@ def test_run_trainer_raises_at_step_3():
 def test_run_batches_exhausted_is_an_error():
   trainer = FakeTrainer()
   batches = iter([{"targets": np.ones((1, 2), np.int32)}] * 2)
-  m = benchmark.run(trainer, batches, steps=3, warmup_steps=1,
-                    timer=benchmark.StepTimer(clock=scripted_clock(TIMES)))
+  m = loop.run(trainer, batches, steps=3, warmup_steps=1,
+                    timer=loop.StepTimer(clock=scripted_clock(TIMES)))
   assert m.error is not None and "step 2" in m.error
   assert m.steps_completed == 2
 
@@ -88,8 +88,8 @@ def test_run_batches_exhausted_is_an_error():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_run_non_finite_loss_is_an_error(bad):
   trainer = FakeTrainer(losses=[3.0, 2.0, bad, 1.0, 0.5])
-  m = benchmark.run(trainer, make_batches(), steps=3, warmup_steps=2,
-                    timer=benchmark.StepTimer(clock=scripted_clock(TIMES)))
+  m = loop.run(trainer, make_batches(), steps=3, warmup_steps=2,
+                    timer=loop.StepTimer(clock=scripted_clock(TIMES)))
   assert m.error is not None
   assert "step 2" in m.error
   assert m.steps_completed == 3            # the bad step is recorded, then the loop ends
@@ -100,8 +100,8 @@ def test_run_non_finite_loss_is_an_error(bad):
 def test_run_on_step_receives_scalars():
   seen = []
   trainer = FakeTrainer()
-  timer = benchmark.StepTimer(clock=scripted_clock(TIMES))
-  m = benchmark.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer,
+  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer,
                     on_step=lambda step, scalars: seen.append((step, scalars)))
   assert m.error is None
   assert [step for step, _ in seen] == list(range(6))
@@ -119,16 +119,16 @@ def test_run_on_step_receives_scalars():
 
 
 def test_measurement_properties_directly():
-  m = benchmark.Measurement(completion_times=[1.0, 2.0, 4.0, 7.0], warmup_steps=1)
+  m = loop.Measurement(completion_times=[1.0, 2.0, 4.0, 7.0], warmup_steps=1)
   assert m.step_durations == [1.0, 2.0, 3.0]
   assert m.measured_seconds == 6.0
-  m = benchmark.Measurement(completion_times=[1.0, 2.0], warmup_steps=2)
+  m = loop.Measurement(completion_times=[1.0, 2.0], warmup_steps=2)
   assert m.step_durations == []
   assert m.measured_seconds == 0.0
 
 
 def test_step_timer_marks_clock():
-  timer = benchmark.StepTimer(clock=scripted_clock([3.0, 4.5]))
+  timer = loop.StepTimer(clock=scripted_clock([3.0, 4.5]))
   assert timer.mark() == 3.0
   assert timer.mark() == 4.5
   assert timer.times == [3.0, 4.5]

@@ -2,7 +2,7 @@
 
 Shared by tf_tput.launch --num_workers (the chief is the launched command) and the TF
 micro-benchmark (its client drives worker 0 as master). Each worker is a
-tf_tput.tf_server process in its own session, told its task through TF_CONFIG, with
+tf_tput.runtime.tf_server process in its own session, told its task through TF_CONFIG, with
 its output in a log file whose end is quoted when it fails.
 """
 
@@ -15,10 +15,10 @@ import tempfile
 import time
 
 import tf_tput
-from tf_tput import cluster, processes
-from tf_tput.tf_server import READY_MARKER
+from tf_tput.runtime import cluster, processes
+from tf_tput.runtime.tf_server import READY_MARKER
 
-SERVER_MODULE = "tf_tput.tf_server"
+SERVER_MODULE = "tf_tput.runtime.tf_server"
 POLL_S = 0.05
 WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
 UNBOUNDED_LIFETIME_S = 7 * 24 * 3600.0  # workers still exit with their launcher

@@ -8,15 +8,16 @@ Resolution happens once, before any model is built. Strategies:
                 CPU collectives; strategy "multi_process"); its `num_cpu_devices` are
                 then per process.
   multi_worker  TF only: this process is the chief of the TF_CONFIG cluster and its
-                devices are every worker's (tf_tput.cluster).
-  tpu           TF only: a Cloud TPU through TPUClusterResolver (tf_tput.tpu).
+                devices are every worker's (tf_tput.runtime.cluster).
+  tpu           TF only: a Cloud TPU through TPUClusterResolver (tf_tput.runtime.tpu).
 """
 
 import dataclasses
 import os
-from typing import Callable, Optional
+from typing import Optional
 
-from tf_tput import cluster, provenance
+from tf_tput.records import provenance
+from tf_tput.runtime import cluster
 from tf_tput.errors import UsageError
 
 STRATEGIES = ("local", "multi_worker", "tpu")
@@ -103,6 +104,16 @@ def _resolve_tf_cluster(cluster_timeout_s: float) -> Topology:
                   shares_host_cpu=loopback and not gpu, handles={"server": server})
 
 
+def _resolve_tpu(tpu_address) -> Topology:
+  """Every core of a Cloud TPU slice (tf_tput.runtime.tpu connects and initializes it)."""
+  from tf_tput.runtime import tpu
+  tpu_slice = tpu.connect(tpu_address)
+  return Topology("tf", "tpu", tpu_slice.devices, tpu_slice.accelerator_kind,
+                  num_processes=tpu_slice.num_hosts, strategy="tpu",
+                  session_target=tpu_slice.master, shares_host_cpu=False,
+                  handles=tpu_slice.handles)
+
+
 def _resolve_tf(num_cpu_devices: Optional[int]) -> Topology:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
@@ -141,38 +152,3 @@ def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
   return Topology("jax", platform, tuple(str(d) for d in devices), kind,
                   num_processes=jax.process_count(),
                   strategy="multi_process" if num_processes > 1 else "local")
-
-
-def matmul_runner(topology: Topology, n: int, dtype: str) -> Callable[[], None]:
-  """A callable that runs one n x n x n matmul on the first device and waits for it."""
-  if topology.framework == "jax":
-    import jax
-    import jax.numpy as jnp
-    device = jax.local_devices()[0]
-    a = jax.device_put(jnp.ones((n, n), dtype=dtype), device)
-    matmul = jax.jit(jnp.matmul)
-    return lambda: matmul(a, a).block_until_ready()
-  import tensorflow as tf
-
-  if topology.session_target:
-    return _session_matmul_runner(tf, topology, n, dtype)
-  with tf.device(topology.devices[0]):
-    a = tf.random.normal([n, n], dtype=tf.float32)
-    a = tf.cast(a, dtype)
-    b = tf.identity(a)
-
-  def run():
-    with tf.device(topology.devices[0]):
-      float(tf.cast(tf.matmul(a, b)[0, 0], tf.float32))  # reading a value waits
-  return run
-
-
-def _session_matmul_runner(tf, topology: Topology, n: int, dtype: str):
-  """The matmul on the first device of a cluster, run through the cluster's master."""
-  graph = tf.Graph()
-  with graph.as_default(), tf.device(topology.devices[0]):
-    a = tf.Variable(tf.cast(tf.random.normal([n, n]), dtype))
-    corner = tf.cast(tf.matmul(a, a)[0, 0], tf.float32)
-  session = tf.compat.v1.Session(topology.session_target, graph=graph)
-  session.run(a.initializer)
-  return lambda: session.run(corner)

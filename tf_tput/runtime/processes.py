@@ -3,7 +3,7 @@
 Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks.
 launch(): N copies of a command (JAX processes); each gets TF_TPUT_COORDINATOR
 (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES and TF_TPUT_PROCESS_ID
-(tf_tput.topology reads them); tf_tput.tf_workers.launch() starts a TF cluster with
+(tf_tput.runtime.topology reads them); tf_tput.runtime.tf_workers.launch() starts a TF cluster with
 these helpers. When any process fails, it is named and the others
 are stopped (SIGTERM to its process group, then SIGKILL); Ctrl-C and SIGTERM stop them
 all the same way.
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from tf_tput import topology
+from tf_tput.runtime import topology
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)

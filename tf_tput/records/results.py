@@ -59,6 +59,11 @@ _KINDS = {
 }
 
 
+def fields_of(schema: str) -> dict:
+  """field -> accepted types of a schema's records, in the order they are written."""
+  return _KINDS[schema][0]
+
+
 def validate(record: dict) -> None:
   """Raises ValueError listing every way `record` departs from its schema."""
   if record.get("schema") not in _KINDS:

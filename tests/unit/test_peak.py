@@ -1,0 +1,57 @@
+"""tf_tput/measure/peak.py: the accelerator peak table and the CPU matmul probe."""
+
+import math
+
+import pytest
+
+from tf_tput.measure import peak as peak_lib
+
+
+@pytest.mark.parametrize("kind,key", [
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("NVIDIA H200", "h200"),
+    ("TPU v2", "tpu_v2"),
+    ("TPU v3", "tpu_v3"),
+    ("TPU v4", "tpu_v4"),
+    ("TPU v5 lite", "tpu_v5e"),
+    ("TPU v5e", "tpu_v5e"),
+    ("TPU v5p", "tpu_v5p"),
+    ("Tesla T4", None),
+    ("Intel(R) Xeon(R) Platinum 8480+", None),
+    ("", None),
+])
+def test_accelerator_key(kind, key):
+  assert peak_lib.accelerator_key(kind) == key
+
+
+def test_table_peak_known():
+  assert peak_lib.table_peak("NVIDIA H100 80GB HBM3", "bfloat16") == (
+      989.4e12, "table:h100:bfloat16")
+  assert peak_lib.table_peak("NVIDIA H100 80GB HBM3", "float32") == (
+      494.7e12, "table:h100:float32")
+  assert peak_lib.table_peak("TPU v3", "bfloat16") == (61.5e12, "table:tpu_v3:bfloat16")
+  assert peak_lib.table_peak("TPU v5 lite", "bfloat16") == (
+      197e12, "table:tpu_v5e:bfloat16")
+
+
+@pytest.mark.parametrize("kind,dtype", [
+    ("Tesla T4", "float32"),
+    ("AMD EPYC 7B13", "bfloat16"),
+    ("TPU v3", "float32"),   # known device, no float32 entry: no guessed peak
+])
+def test_table_peak_unknown(kind, dtype):
+  peak, source = peak_lib.table_peak(kind, dtype)
+  assert peak is None
+  assert source.startswith("none")
+  assert kind in source and dtype in source
+
+
+def test_measure_matmul_peak_with_fake_runner():
+  calls = []
+  def runner():  # a little real work, so no timed call can read as 0 s
+    calls.append(sum(range(10_000)))
+  rate = peak_lib.measure_matmul_peak(runner, n=64, repeats=3)
+  assert len(calls) == 4   # one warm-up call, then the timed repeats
+  assert rate > 0
+  assert math.isfinite(rate)

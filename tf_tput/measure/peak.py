@@ -1,0 +1,117 @@
+"""Peak FLOP/s per device, the denominator of MFU: from a table, or measured on CPUs.
+
+Accelerators (TPU, GPU) take the vendors' dense peak from PEAK_FLOPS. A CPU has no
+table entry that would mean anything for a virtual device, so its peak is measured:
+the best of several n x n matmuls in the run's own framework and dtype, shared by the
+virtual devices that run on the same cores. `peak_source` in a record says which.
+"""
+
+import os
+import time
+from typing import Callable, Optional
+
+# Dense peak FLOP/s per device as frameworks address it (a TPU v2/v3 core, a v4/v5
+# chip, a GPU), from the vendors' published figures. float32 on NVIDIA Ampere and
+# later is the TF32 tensor-core rate, which TensorFlow and JAX use for float32 matmuls
+# by default. A missing entry gives no MFU rather than a guessed one.
+PEAK_FLOPS = {
+    ("tpu_v2", "bfloat16"): 22.5e12,
+    ("tpu_v3", "bfloat16"): 61.5e12,
+    ("tpu_v4", "bfloat16"): 275e12,
+    ("tpu_v5e", "bfloat16"): 197e12,
+    ("tpu_v5p", "bfloat16"): 459e12,
+    ("a100", "bfloat16"): 312e12,
+    ("a100", "float32"): 156e12,
+    ("h100", "bfloat16"): 989.4e12,
+    ("h100", "float32"): 494.7e12,
+    ("h200", "bfloat16"): 989.4e12,
+    ("h200", "float32"): 494.7e12,
+}
+
+# Device kinds whose name does not contain their table key.
+DEVICE_KIND_ALIASES = {"tpuv5lite": "tpu_v5e"}
+
+MATMUL_PEAK_SIZE = 2048  # n of the n x n x n matmul that measures a CPU's peak
+
+
+def accelerator_key(device_kind: str) -> Optional[str]:
+  """'NVIDIA H100 80GB HBM3' -> 'h100', 'TPU v3' -> 'tpu_v3'; None when unknown."""
+  kind = device_kind.lower().replace(" ", "").replace("-", "")
+  for alias, key in DEVICE_KIND_ALIASES.items():
+    if alias in kind:
+      return key
+  for key in sorted({k for k, _ in PEAK_FLOPS}, key=len, reverse=True):
+    if key.replace("_", "") in kind:
+      return key
+  return None
+
+
+def table_peak(device_kind: str, dtype: str) -> tuple:
+  """(peak FLOP/s per device or None, peak_source) from PEAK_FLOPS."""
+  key = accelerator_key(device_kind)
+  if key and (key, dtype) in PEAK_FLOPS:
+    return PEAK_FLOPS[(key, dtype)], f"table:{key}:{dtype}"
+  return None, f"none: no peak table entry for {device_kind!r} at {dtype}"
+
+
+def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZE,
+                        repeats: int = 10) -> float:
+  """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done."""
+  run_matmul()  # first call compiles / allocates
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    run_matmul()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n ** 3 / best
+
+
+def matmul_runner(topology, n: int, dtype: str) -> Callable[[], None]:
+  """A callable that runs one n x n x n matmul on the first device and waits for it."""
+  if topology.framework == "jax":
+    import jax
+    import jax.numpy as jnp
+    device = jax.local_devices()[0]
+    a = jax.device_put(jnp.ones((n, n), dtype=dtype), device)
+    matmul = jax.jit(jnp.matmul)
+    return lambda: matmul(a, a).block_until_ready()
+  import tensorflow as tf
+
+  if topology.session_target:
+    return _session_matmul_runner(tf, topology, n, dtype)
+  with tf.device(topology.devices[0]):
+    a = tf.random.normal([n, n], dtype=tf.float32)
+    a = tf.cast(a, dtype)
+    b = tf.identity(a)
+
+  def run():
+    with tf.device(topology.devices[0]):
+      float(tf.cast(tf.matmul(a, b)[0, 0], tf.float32))  # reading a value waits
+  return run
+
+
+def _session_matmul_runner(tf, topology, n: int, dtype: str):
+  """The matmul on the first device of a cluster, run through the cluster's master."""
+  graph = tf.Graph()
+  with graph.as_default(), tf.device(topology.devices[0]):
+    a = tf.Variable(tf.cast(tf.random.normal([n, n]), dtype))
+    corner = tf.cast(tf.matmul(a, a)[0, 0], tf.float32)
+  session = tf.compat.v1.Session(topology.session_target, graph=graph)
+  session.run(a.initializer)
+  return lambda: session.run(corner)
+
+
+def peak(topology, dtype: str) -> tuple:
+  """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else."""
+  if topology.platform != "cpu":
+    return table_peak(topology.device_kind, dtype)
+  n = MATMUL_PEAK_SIZE
+  whole_cpu = measure_matmul_peak(matmul_runner(topology, n, dtype))
+  # Devices that share one CPU share its peak: all of them on this host, else a worker's.
+  sharing = (topology.num_devices if topology.shares_host_cpu
+             else len(topology.workers[0].devices))
+  where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
+           else f"worker 0's CPU ({topology.workers[0].address})")
+  source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
+            f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {sharing} virtual device(s)")
+  return whole_cpu / sharing, source
