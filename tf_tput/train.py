@@ -156,7 +156,7 @@ def _check_strategy(experiment):
     if given:
       raise UsageError(f"--{given[0]} applies to --strategy=tpu, not --strategy={strategy}")
     return None
-  from tf_tput import tpu
+  from tf_tput.runtime import tpu
   address = tpu.address_from_flags(**tpu_flags)
   if experiment.model.activation_dtype != "bfloat16":
     raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "

@@ -1,7 +1,7 @@
 """Makes mesh-tensorflow 0.1.21 (its last release) import on TensorFlow >= 2.16.
 
 mesh-tensorflow was written against TF 1.x / early 2.x. Four names it needs at import
-time are gone from current TensorFlow (see ARCHITECTURE.md, "Facts about the
+time are gone from current TensorFlow (see docs/design.md, "Facts about the
 dependencies"), and one from current setuptools; this package provides them before
 mtf is imported:
 

@@ -10,7 +10,7 @@ The computation is a shard_map'd psum + add (tf_tput/micro/__init__.py):
 Process 0 times the repeats and hands them back through a file. Calls are
 dispatched asynchronously; every jax_host.IN_FLIGHT calls the host waits for the
 last one, so only that many unfinished collective steps exist (deep queues hung
-both gloo across processes, ARCHITECTURE.md, and XLA:CPU within one).
+both gloo across processes and XLA:CPU within one, docs/design.md).
 """
 
 import json

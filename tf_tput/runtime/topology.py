@@ -68,8 +68,7 @@ def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "loc
   if strategy == "multi_worker":
     return _resolve_tf_cluster(cluster_timeout_s)
   if strategy == "tpu":
-    from tf_tput import tpu
-    return tpu.resolve(tpu_address)
+    return _resolve_tpu(tpu_address)
   if framework == "tf":
     return _resolve_tf(num_cpu_devices)
   if framework == "jax":

@@ -9,7 +9,7 @@ numerics are jax_model's twin of mesh_tensorflow.transformer.
 
 Every step returns the loss to the host, so at most one step is in flight: a process
 never runs ahead of the others by more than that (unbounded dispatch across processes
-once hung gloo collectives, see ARCHITECTURE.md).
+once hung gloo collectives, see docs/design.md).
 """
 
 from typing import Optional
