@@ -22,6 +22,10 @@ from tf_tput.errors import UsageError
 ARCHS = ("encoder_decoder", "decoder")
 DTYPES = ("float32", "bfloat16")
 DATA_SOURCES = ("synthetic", "tfds")
+# How token ids become embeddings. one_hot: one_hot(ids) @ embedding, a matmul over the
+# vocabulary, as mtf.gather computes it (and its gradient is a dense matmul too);
+# gather: a row lookup with a scatter-add gradient, for systems that have one.
+EMBEDDINGS = ("one_hot", "gather")
 
 
 @gin.configurable
@@ -38,6 +42,7 @@ class ModelConfig:
   vocab_size: int           # padded to a multiple of 128 as mtf does (models.py)
   relative_attention_num_buckets: int = 32
   activation_dtype: str = "float32"   # variables stay float32 in every case
+  embedding: str = "one_hot"          # EMBEDDINGS; also the relative-bias lookup
 
 
 @gin.configurable
@@ -206,6 +211,9 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None,
   if m.activation_dtype not in DTYPES:
     raise UsageError(f"ModelConfig.activation_dtype = {m.activation_dtype!r}; "
                      f"choose one of {DTYPES}")
+  if m.embedding not in EMBEDDINGS:
+    raise UsageError(f"ModelConfig.embedding = {m.embedding!r}; choose one of "
+                     f"{EMBEDDINGS}")
   for field in ("num_layers", "d_model", "d_ff", "num_heads", "d_kv",
                 "relative_attention_num_buckets"):
     _check_positive(getattr(m, field), f"ModelConfig.{field}")

@@ -95,7 +95,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "num_processes": topology.num_processes, "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
-      "steps": t.steps, "warmup_steps": t.warmup_steps, **summary,
+      "embedding": m.embedding, "steps": t.steps, "warmup_steps": t.warmup_steps,
+      **summary,
       "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,
       "losses": losses, "final_loss": losses[-1] if losses else None,
       "config": experiment.operative_config,
@@ -178,6 +179,7 @@ def _checked_request():
   (experiment, TPU address or None, lines of --results that are not records)."""
   systems.check_name(FLAGS.system)
   experiment = _experiment()
+  systems.check_experiment(FLAGS.system, experiment)
   num_processes, process_id = topology_lib.launched_processes()
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:

@@ -54,11 +54,14 @@ def _fails(tmp_path, *args, expect: str):
     ((TINY, "--strategy=tpu"), "--strategy=tpu needs --tpu"),
     ((TINY, "--strategy=tpu", "--tpu=grpc://10.0.0.2:8470"),
      "--strategy=tpu trains in bfloat16 activations"),
+    ((TINY, "--gin_param=ModelConfig.embedding = 'gather'"),
+     "--system=mtf computes only one_hot"),
 ], ids=["unknown-binding", "unknown-gin-file", "mesh-vs-devices", "batch-divisibility",
         "heads-divisibility", "d_ff-divisibility", "vocab-divisibility", "steps-zero",
         "warmup-zero", "unknown-system", "log-every-zero", "gin-syntax",
         "layout-twice", "no-model", "strategy-for-jax", "cpu-devices-in-a-cluster",
-        "cluster-timeout-zero", "tpu-flag-locally", "tpu-without-address", "tpu-float32"])
+        "cluster-timeout-zero", "tpu-flag-locally", "tpu-without-address", "tpu-float32",
+        "gather-on-mtf"])
 def test_bad_request_fails_fast_with_one_line(tmp_path, args, expect):
   _fails(tmp_path, *args, expect=expect)
 

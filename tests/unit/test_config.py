@@ -231,3 +231,9 @@ def test_search_path_is_added_once():
   for _ in range(3):
     config.load_experiment(TINY)
   assert gin.config._LOCATION_PREFIXES.count(str(config.REPO_ROOT)) == 1
+
+
+def test_validate_bad_embedding(base):
+  bad = _replace(base, model={"embedding": "lookup"})
+  message = _one_line_usage_error(config.validate, bad)
+  assert "'lookup'" in message and "one_hot" in message and "gather" in message

@@ -252,3 +252,35 @@ def test_adafactor_learning_rate_and_decay_follow_mtf_step():
   updates, _ = optimizer.update(grad, optimizer.init(param), param)
   # sign(g) (|g| / sqrt(g^2) = 1, RMS 1, unclipped) * lr 0.01 * parameter RMS 2.
   np.testing.assert_allclose(updates["w"], -0.02 * np.sign(grad["w"]), rtol=1e-6)
+
+
+def _compiled_flops(fn, *args) -> float:
+  analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+  return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
+
+
+@pytest.mark.parametrize("name", ["t5_tiny", "decoder_tiny"])
+def test_one_hot_embedding_is_mtfs_matmul_and_gather_the_same_values(name):
+  """one_hot (the default, mtf.gather's arithmetic) embeds with a matmul over the
+  vocabulary, forward and in the embedding's gradient; gather looks rows up. Same loss."""
+  runs = {}
+  for embedding in config.EMBEDDINGS:
+    experiment = _experiment(name, [f"ModelConfig.embedding = '{embedding}'"])
+    m = experiment.model
+    batch = next(data.batches(experiment))
+    params = jax_model.init_params(m, seed=0)
+    loss = functools.partial(jax_model.loss_fn, m=m)
+    runs[embedding] = (_jax_loss(params, batch, m), _compiled_flops(loss, params, batch),
+                       _compiled_flops(jax.grad(loss), params, batch))
+  assert _config_default_embedding() == "one_hot"
+  tokens = sum(v.size for v in batch.values())
+  lookup_as_matmul = 2 * models.padded_vocab(m.vocab_size) * m.d_model * tokens
+  (loss_1h, fwd_1h, grad_1h), (loss_g, fwd_g, grad_g) = runs["one_hot"], runs["gather"]
+  assert _rel(loss_1h, loss_g) < 1e-6
+  # XLA also counts the one-hot's elementwise ops and the relative-bias lookup.
+  assert lookup_as_matmul <= fwd_1h - fwd_g <= 1.2 * lookup_as_matmul
+  assert grad_1h - grad_g >= 2 * lookup_as_matmul  # forward + the embedding's gradient
+
+
+def _config_default_embedding() -> str:
+  return config.ModelConfig.__dataclass_fields__["embedding"].default

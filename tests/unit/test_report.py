@@ -136,3 +136,17 @@ def test_report_markdown_sections():
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle
   assert "![step times" not in text  # not drawn, so not linked
+
+
+def test_a_gather_embedding_run_is_not_compared_with_one_hot_mtf():
+  mtf = train_record(system="mtf", tokens_per_sec=1000.0)
+  same = train_record(system="jax", tokens_per_sec=1500.0, run_id="j1")
+  cheaper = train_record(system="jax", tokens_per_sec=3000.0, run_id="j2",
+                         embedding="gather")
+  lines = tables.format_table([mtf, same, cheaper]).splitlines()
+  assert "1.50x" in lines[3] and "float32 gather" not in lines[3]
+  assert "float32 gather" in lines[4] and "3.00x" not in lines[4]
+  assert tables.config_key(same) != tables.config_key(cheaper)
+  old = dict(cheaper)
+  del old["embedding"]  # written before records carried it: its own configuration
+  assert tables.config_key(old) not in (tables.config_key(same), tables.config_key(cheaper))

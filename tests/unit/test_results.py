@@ -1,4 +1,4 @@
-"""tf_tput/results.py: the record schema, atomic append, tolerant reading."""
+"""tf_tput/records/results.py: the record schema, atomic append, tolerant reading."""
 
 import json
 
@@ -15,7 +15,8 @@ def valid_record(**overrides) -> dict:
       "model": "t5_tiny", "arch": "encoder_decoder", "num_params": 263168,
       "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
       "num_devices": 4, "num_processes": 1, "global_batch": 8, "inputs_length": 16,
-      "targets_length": 16, "dtype": "float32", "steps": 4, "warmup_steps": 2,
+      "targets_length": 16, "dtype": "float32", "embedding": "one_hot", "steps": 4,
+      "warmup_steps": 2,
       "step_time_s": {k: 0.5 for k in results.STEP_TIME_KEYS},
       "tokens_per_step": 256, "padded_tokens_per_step": 256, "tokens_per_sec": 512.0,
       "padded_tokens_per_sec": 512.0, "model_flops_per_token": 1.5e6,
@@ -185,3 +186,22 @@ def test_append_writes_strict_json_for_a_diverged_run(tmp_path):
   written = json.loads(path.read_text(), parse_constant=reject)
   assert written["losses"] == [3.0, None] and written["final_loss"] is None
   assert written["tokens_per_sec"] is None
+
+
+@pytest.mark.parametrize("schema", sorted(results.LATER_FIELDS))
+def test_later_fields_belong_to_their_schema(schema):
+  assert set(results.LATER_FIELDS[schema]) <= set(results.fields_of(schema))
+
+
+def test_a_record_from_before_a_later_field_is_read_but_not_written(tmp_path):
+  old = valid_record(run_id="old")
+  for field in results.LATER_FIELDS[results.SCHEMA]:
+    del old[field]
+  path = tmp_path / "runs.jsonl"
+  path.write_text(json.dumps(old) + "\n")
+  records, problems = results.read(str(path))
+  assert [r["run_id"] for r in records] == ["old"] and problems == []
+  assert "embedding" not in records[0]  # absent, not guessed
+  with pytest.raises(ValueError, match="missing embedding"):
+    results.append(str(tmp_path / "new.jsonl"), old)
+  assert not (tmp_path / "new.jsonl").exists()

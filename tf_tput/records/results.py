@@ -25,7 +25,7 @@ FIELDS = {
     "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
     "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
-    "dtype": str, "steps": int, "warmup_steps": int, "step_time_s": dict,
+    "dtype": str, "embedding": str, "steps": int, "warmup_steps": int, "step_time_s": dict,
     "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
     "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
     "model_flops_per_token": _NUM, "model_tflops_per_sec": _OPT_NUM,
@@ -52,6 +52,14 @@ MICRO_FIELDS = {
 # such mode (JAX has no chained mode, as in the paper). `error` says which and why.
 MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
 
+# Fields added to a schema after records were written without them: new records must
+# have them; a record read back may lack them (written by older code), and then the
+# field is left out of it, never guessed. Readers use record.get(field).
+LATER_FIELDS = {
+    SCHEMA: ("embedding",),
+    MICRO_SCHEMA: (),
+}
+
 # schema -> (fields, statuses, fields an ok record must have)
 _KINDS = {
     SCHEMA: (FIELDS, STATUSES, ("tokens_per_sec", "final_loss")),
@@ -64,12 +72,14 @@ def fields_of(schema: str) -> dict:
   return _KINDS[schema][0]
 
 
-def validate(record: dict) -> None:
-  """Raises ValueError listing every way `record` departs from its schema."""
+def validate(record: dict, written_now: bool = True) -> None:
+  """Raises ValueError listing every way `record` departs from its schema. A record
+  read back (written_now=False) may lack the schema's LATER_FIELDS."""
   if record.get("schema") not in _KINDS:
     raise ValueError(f"schema is {record.get('schema')!r}, expected one of {sorted(_KINDS)}")
   fields, statuses, needed_when_ok = _KINDS[record["schema"]]
-  problems = [f"missing {k}" for k in fields if k not in record]
+  optional = () if written_now else LATER_FIELDS[record["schema"]]
+  problems = [f"missing {k}" for k in fields if k not in record and k not in optional]
   problems += [f"unknown field {k}" for k in record if k not in fields]
   for key, types in fields.items():
     if key in record and (not isinstance(record[key], types)
@@ -162,7 +172,7 @@ def read(path: str, schema: Optional[str] = None) -> tuple:
         problems.append((number, "not a tf_tput record (no schema field)"))
         continue
       try:
-        validate(record)
+        validate(record, written_now=False)
       except ValueError as e:
         problems.append((number, f"not a valid {record['schema']} record ({e})"[:300]))
         continue

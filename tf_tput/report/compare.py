@@ -36,10 +36,12 @@ def verdict(old_band: tuple, new_band: tuple, old_samples: int, new_samples: int
 
 def _label(key: tuple, schema: str) -> str:
   if schema == results.SCHEMA:
-    model, dtype, mesh, _, devices, batch, inputs, targets, processes, strategy, system = key
-    lengths = f"{inputs}/{targets}" if inputs else f"{targets}"
-    return (f"{model} {system} {dtype} mesh {mesh} ({devices} dev, {processes} proc, "
-            f"{strategy}) batch {batch} len {lengths}")
+    k = dict(zip(tables.TRAIN_KEY_FIELDS, key))
+    lengths = (f"{k['inputs_length']}/{k['targets_length']}" if k["inputs_length"]
+               else f"{k['targets_length']}")
+    return (f"{k['model']} {k['system']} {tables.dtype_label(k)} mesh {k['mesh_shape']} "
+            f"({k['num_devices']} dev, {k['num_processes']} proc, {k['strategy']}) "
+            f"batch {k['global_batch']} len {lengths}")
   system, mode, hosts, per_host, chain, computations, matmul_n = key
   return (f"micro {system} {mode} {hosts} host(s) x {per_host}, chain {chain}, "
           f"{computations} computations" + (f", matmul {matmul_n}" if matmul_n else ""))

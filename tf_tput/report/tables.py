@@ -16,13 +16,21 @@ BASELINE_SYSTEM = "mtf"
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
            f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
            "final loss", "status")
-# Records that differ only in their system are the same configuration.
-CONFIG_KEYS = ("model", "dtype", "mesh_shape", "layout", "num_devices", "global_batch",
-               "inputs_length", "targets_length")
+# Records that differ only in their system are the same configuration. The embedding
+# is part of it: a row lookup does less arithmetic than mtf's one-hot matmul. Records
+# from before a field existed (results.LATER_FIELDS) have None there.
+CONFIG_KEYS = ("model", "dtype", "embedding", "mesh_shape", "layout", "num_devices",
+               "global_batch", "inputs_length", "targets_length")
 
 
 def config_key(r: dict) -> tuple:
-  return tuple(r[k] for k in CONFIG_KEYS)
+  return tuple(r.get(k) for k in CONFIG_KEYS)
+
+
+def dtype_label(r: dict) -> str:
+  """The dtype, and the embedding where it is not mtf's one-hot matmul."""
+  embedding = r.get("embedding")
+  return r["dtype"] + (f" {embedding}" if embedding not in (None, "one_hot") else "")
 
 
 def _ratio(r: dict, baselines: dict) -> str:
@@ -61,7 +69,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
   st = r["step_time_s"]
   spread = ("-" if st["median"] is None else
             f"{st['p10']:.3f} / {st['median']:.3f} / {st['p90']:.3f}")
-  return (r["model"], r["system"], r["dtype"], r["mesh_shape"], str(r["num_devices"]),
+  return (r["model"], r["system"], dtype_label(r), r["mesh_shape"], str(r["num_devices"]),
           str(r["num_processes"]),
           "-" if r["tokens_per_sec"] is None else f"{r['tokens_per_sec']:,.0f}",
           _ratio(r, baselines), spread,
@@ -96,6 +104,10 @@ def row_key(r: dict) -> tuple:
 def train_key(r: dict) -> tuple:
   """What makes two train records the same configuration on the same system."""
   return row_key(r) + (r["system"],)
+
+
+# The record fields train_key's values come from, in its order.
+TRAIN_KEY_FIELDS = CONFIG_KEYS + ("num_processes", "strategy", "system")
 
 
 def group(records: list, key) -> dict:
@@ -183,7 +195,7 @@ def table1(records: list) -> tuple:
   rows = []
   for runs in by_config.values():
     first = runs[0]
-    row = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", first["dtype"],
+    row = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", dtype_label(first),
            str(first["num_devices"]), first["mesh_shape"], first["strategy"],
            str(first["global_batch"])]
     medians = {}

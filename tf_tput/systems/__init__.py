@@ -4,6 +4,7 @@
       name: str
       framework: str                      # which topology resolver it needs ("tf", "jax")
       multi_process: bool                 # can run as several launched processes
+      embeddings: tuple                   # the ModelConfig.embedding values it computes
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -43,6 +44,7 @@ class System(Protocol):
   name: str
   framework: str
   multi_process: bool
+  embeddings: tuple
 
   def build(self, experiment, topology) -> Trainer: ...
 
@@ -56,3 +58,13 @@ def check_name(name: str) -> None:
 def load(name: str) -> System:
   check_name(name)
   return importlib.import_module(REGISTRY[name]).SYSTEM
+
+
+def check_experiment(name: str, experiment) -> None:
+  """What the config asks of the system that it cannot do, as one UsageError."""
+  system = load(name)
+  embedding = experiment.model.embedding
+  if embedding not in system.embeddings:
+    raise UsageError(f"ModelConfig.embedding = {embedding!r}: --system={name} computes "
+                     f"only {', '.join(system.embeddings)}; drop the binding or choose "
+                     "a system that has it")

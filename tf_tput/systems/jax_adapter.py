@@ -128,6 +128,7 @@ class JaxSystem:
   name = "jax"
   framework = "jax"
   multi_process = True   # every launched process runs the same program
+  embeddings = ("one_hot", "gather")
 
   def build(self, experiment, topology) -> JaxTrainer:
     return JaxTrainer(experiment, topology)

@@ -197,7 +197,10 @@ def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
       relative_position, bidirectional=not causal,
       num_buckets=m.relative_attention_num_buckets)
   values = p[f"{stack}/block_000/layer_000/SelfAttention/relative_attention_bias"]
-  return bias + values[:, buckets][None]   # mtf.gather = exact one-hot einsum
+  if m.embedding == "one_hot":  # mtf.gather: one_hot(buckets) @ values, per layer in mtf
+    one_hot = jax.nn.one_hot(buckets, values.shape[1], dtype=values.dtype)
+    return bias + jnp.einsum("lmb,hb->hlm", one_hot, values)[None]
+  return bias + values[:, buckets][None]
 
 
 def _stack(p, stack, x, sequence_id, m, constrain, causal,
@@ -240,9 +243,22 @@ def autoregressive_inputs(targets, sequence_id):
   return inputs * (sequence_id == _shift_right(sequence_id)).astype(inputs.dtype)
 
 
-def _embed(embedding, ids, constrain):
-  """VocabEmbedding.ids_to_embedding (mtf.gather: an exact one-hot einsum)."""
-  return constrain(jnp.take(embedding, ids, axis=0), ("batch", "length", "d_model"))
+def _embed(embedding, ids, constrain, method: str):
+  """VocabEmbedding.ids_to_embedding.
+
+  one_hot is mtf.gather's arithmetic (mesh_tensorflow/ops.py gather): a one-hot
+  [batch, length, vocab] in the activation dtype, sharded like the vocabulary, times
+  the embedding: 2 * vocab * d_model FLOPs per token forward and again for the
+  embedding's gradient (a dense matmul, where a lookup's is a scatter-add). gather is
+  a row lookup: the same values, almost no arithmetic.
+  """
+  if method == "one_hot":
+    one_hot = jax.nn.one_hot(ids, embedding.shape[0], dtype=embedding.dtype)
+    one_hot = constrain(one_hot, ("batch", "length", "vocab"))
+    x = jnp.einsum("blv,vd->bld", one_hot, embedding)
+  else:
+    x = jnp.take(embedding, ids, axis=0)
+  return constrain(x, ("batch", "length", "d_model"))
 
 
 def _loss(embedding, x, targets, constrain):
@@ -284,7 +300,7 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
   decoder_inputs = autoregressive_inputs(targets, targets_sequence_id)
   if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf.py)
     embedding = p["decoder/embedding"]
-    x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain),
+    x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain, m.embedding),
                targets_sequence_id, m, constrain, causal=True)
     return _loss(embedding, x, targets, constrain).astype(jnp.float32)
   # transformer.Bitransformer.call_simple: encoder, then the decoder attending to it.
@@ -292,9 +308,9 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
   inputs = jnp.asarray(batch["inputs"], jnp.int32)
   inputs_sequence_id = (jnp.asarray(batch["inputs_segmentation"], jnp.int32)
                         if "inputs_segmentation" in batch else jnp.minimum(inputs, 1))
-  encoder_output = _stack(p, "encoder", _embed(embedding, inputs, constrain),
+  encoder_output = _stack(p, "encoder", _embed(embedding, inputs, constrain, m.embedding),
                           inputs_sequence_id, m, constrain, causal=False)
-  x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain),
+  x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain, m.embedding),
              targets_sequence_id, m, constrain, causal=True,
              encoder_output=encoder_output, encoder_sequence_id=inputs_sequence_id)
   return _loss(embedding, x, targets, constrain).astype(jnp.float32)

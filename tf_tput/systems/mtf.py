@@ -127,6 +127,7 @@ class MtfSystem:
   name = "mtf"
   framework = "tf"
   multi_process = False  # one Session drives every device: a single controller
+  embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":
