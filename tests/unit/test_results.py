@@ -205,3 +205,11 @@ def test_a_record_from_before_a_later_field_is_read_but_not_written(tmp_path):
   with pytest.raises(ValueError, match="missing embedding"):
     results.append(str(tmp_path / "new.jsonl"), old)
   assert not (tmp_path / "new.jsonl").exists()
+
+
+def test_native_bfloat16_is_read_from_the_cpu_flags():
+  from tf_tput.records import provenance
+  assert provenance.native_bfloat16({"avx2", "fma"}) == []
+  assert provenance.native_bfloat16({"avx512f", "avx512_bf16", "amx_bf16"}) == [
+      "amx_bf16", "avx512_bf16"]
+  assert "cpu_bfloat16" in provenance.env([])
