@@ -31,7 +31,7 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "peak_host_memory_bytes": 1 << 30, "device_memory_bytes": None,
       "losses": [6.0, 5.0] if ok else [], "final_loss": 5.0 if ok else None,
       "config": "ModelConfig.name = 'x'", "flags": {"system": system}, "env": ENV,
-      "git_commit": "0123456789abcdef",
+      "git_commit": "0123456789abcdef", "run_key": f"key-{run_id}",
   }
   record.update(overrides)
   results.validate(record)
@@ -49,6 +49,7 @@ def micro_record(system="tf", mode="opbyop", hosts=1, repeats=(900.0, 1000.0, 11
       "matmul_n": 0, "computation_ms": None, "wall_s": 3.0 if ok else None,
       "computations_per_sec": sum(repeats) / len(repeats) if ok else None,
       "repeats": list(repeats) if ok else [], "env": ENV, "git_commit": "0123456789abcdef",
+      "run_key": f"key-{run_id}",
   }
   record.update(overrides)
   results.validate(record)

@@ -19,7 +19,7 @@ from absl import logging
 
 from tf_tput import config, data, errors, models, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib
-from tf_tput.records import build, results
+from tf_tput.records import build, keys, results
 from tf_tput.runtime import cluster, topology as topology_lib
 from tf_tput.errors import UsageError
 
@@ -66,11 +66,15 @@ OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_
              "log_every", "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
 
 
+def _bindings() -> list:
+  """--gin_param, then the flags that override bindings: every binding applied."""
+  return list(FLAGS.gin_param) + [
+      f"{binding} = {FLAGS[name].value}" for name, binding in FLAG_BINDINGS.items()
+      if FLAGS[name].value is not None]
+
+
 def _experiment() -> config.Experiment:
-  bindings = list(FLAGS.gin_param)
-  bindings += [f"{binding} = {FLAGS[name].value}" for name, binding in FLAG_BINDINGS.items()
-               if FLAGS[name].value is not None]
-  return config.load_experiment(FLAGS.gin_file, bindings)
+  return config.load_experiment(FLAGS.gin_file, _bindings())
 
 
 @dataclasses.dataclass
@@ -101,6 +105,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "losses": losses, "final_loss": losses[-1] if losses else None,
       "config": experiment.operative_config,
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
+      "run_key": keys.run_key(FLAGS.system, FLAGS.gin_file, _bindings(),
+                              FLAGS.num_cpu_devices, FLAGS.strategy, keys.code_version()),
   }, topology.describe(), status="failed" if measurement.error else "ok",
       error=measurement.error, run_id=run_id, started_at=started_at)
 
@@ -134,14 +140,10 @@ def _check_writable_dir(path: str, flag: str) -> None:
 
 
 def _check_strategy(experiment):
-  """Checks the --strategy flags before any framework starts; the TPU's address or None."""
+  """Checks the --strategy flags before any framework starts (the config's part in
+  topology.check_strategy, which a suite's validation shares); the TPU's address or None."""
   strategy = FLAGS.strategy
-  if strategy != "local" and FLAGS.system != "mtf":
-    raise UsageError(f"--strategy={strategy} is for --system=mtf; --system={FLAGS.system} "
-                     "runs locally or as processes of tf_tput.launch --num_processes")
-  if strategy != "local" and FLAGS.num_cpu_devices is not None:
-    raise UsageError(f"--num_cpu_devices applies to --strategy=local; with {strategy} the "
-                     "devices come from the cluster (tf_tput.launch --devices_per_worker)")
+  topology_lib.check_strategy(FLAGS.system, strategy, experiment, FLAGS.num_cpu_devices)
   if strategy == "local" and FLAGS.system == "mtf" and os.environ.get(cluster.ENV):
     raise UsageError(f"{cluster.ENV} is set (a cluster) but --strategy=local; pass "
                      f"--strategy=multi_worker, or unset {cluster.ENV} to run locally")
@@ -158,12 +160,7 @@ def _check_strategy(experiment):
       raise UsageError(f"--{given[0]} applies to --strategy=tpu, not --strategy={strategy}")
     return None
   from tf_tput.runtime import tpu
-  address = tpu.address_from_flags(**tpu_flags)
-  if experiment.model.activation_dtype != "bfloat16":
-    raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "
-                     f"not {experiment.model.activation_dtype}; add "
-                     "--gin_param=\"ModelConfig.activation_dtype='bfloat16'\"")
-  return address
+  return tpu.address_from_flags(**tpu_flags)
 
 
 def _trace_one_step(trainer, batches, run_id: str) -> None:

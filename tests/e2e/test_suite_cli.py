@@ -108,6 +108,16 @@ def test_bad_suite_input_is_one_error_line(tmp_path):
   assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_dry_run_refuses_a_strategy_train_would_refuse(tmp_path):
+  suite = tmp_path / "tpu32.gin"
+  suite.write_text("Suite.name = 'tpu32'\nSuite.matrices = [@TrainMatrix()]\n"
+                   "TrainMatrix.models = ['t5_tiny']\nTrainMatrix.mtf_strategy = 'tpu'\n")
+  proc = run_cli("tf_tput.suite", f"--suite={suite}", "--dry_run")
+  assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
+  assert "run 't5_tiny mtf tpu float32 single batch 8'" in proc.stderr
+  assert "trains in bfloat16 activations" in proc.stderr and "TrainMatrix.dtypes" in proc.stderr
+
+
 def test_dry_run_validates_the_paper_suites_and_runs_nothing(tmp_path):
   proc = run_cli("tf_tput.suite", "--suite=gin/suites/table1_paper.gin", "--dry_run",
                  cwd=tmp_path)

@@ -25,7 +25,7 @@ def valid_record(**overrides) -> dict:
       "device_memory_bytes": None, "losses": [6.0, 5.5, 5.0, 4.5, 4.0, 3.5],
       "final_loss": 3.5, "config": "ModelConfig.name = 't5_tiny'",
       "flags": {"steps": 4}, "env": {k: "x" for k in results.ENV_KEYS},
-      "git_commit": None,
+      "git_commit": None, "run_key": "0123456789abcdef",
   }
   assert set(record) == set(results.FIELDS)  # the helper covers the whole schema
   record.update(overrides)

@@ -1,8 +1,11 @@
 """tf_tput/suite: suite files -> runs, run keys <-> record keys, bad suite input."""
 
+import json
+
 import pytest
 
 from tf_tput import suite as suites
+from tf_tput.records import keys, results
 from tf_tput.errors import UsageError
 from tf_tput.suite import __main__ as suite_main
 
@@ -42,31 +45,33 @@ def test_table1_paper_uses_the_papers_device_counts():
   assert devices == {"t5_base": "32", "t5_large": "32", "t5_3b": "512", "t5_11b": "512"}
 
 
-def _train_flags_as_recorded(run) -> dict:
-  """The `flags` tf_tput.train records for this run's command line."""
-  recorded = {name: None for name in ("gin_file", "gin_param", "system", "results",
-                                      "num_cpu_devices", "steps", "warmup_steps",
-                                      "global_batch", "tensorboard_dir", "log_every")}
-  recorded.update(run.flags, results="somewhere.jsonl", log_every=10)
-  return recorded
+def _train_key(run, commit=None) -> str:
+  """The key tf_tput.train stores for this run's command line (its _record's call)."""
+  return keys.run_key(run.flags["system"], run.flags["gin_file"], run.flags["gin_param"],
+                      run.flags.get("num_cpu_devices"), run.strategy,
+                      keys.code_version() if commit is None else commit)
 
 
 def test_a_train_record_has_the_key_of_its_run():
   run, other = suites.expand(suites.load("table1_local"))[:2]
-  record = train_record(flags=_train_flags_as_recorded(run))
+  record = train_record(run_key=_train_key(run))
   assert suites.record_key(record) == run.key != other.key
   assert suites.done_keys([record]) == {run.key}
-  assert suites.done_keys([train_record(status="failed",
-                                        flags=_train_flags_as_recorded(run))]) == set()
+  assert suites.done_keys([train_record(status="failed", run_key=run.key)]) == set()
 
 
 def test_a_micro_record_has_the_key_of_its_run():
   runs = suites.expand(suites.load("micro_local"))
   tf_opbyop = next(r for r in runs if r.label == "micro tf opbyop 1 host(s) x 2")
-  record = micro_record("tf", "opbyop", hosts=1)
+  record = micro_record("tf", "opbyop", hosts=1, run_key=keys.micro_run_key(
+      "tf", "opbyop", 1, 2, 128, 1024, 0, keys.code_version()))
   assert suites.record_key(record) == tf_opbyop.key
-  jax_chained = micro_record("jax", "chained", status="not_applicable")
-  ray = micro_record("ray", "fused", status="skipped")
+  key_of = {r.label.split(" 1 host")[0]: r.key for r in runs if " 1 host" in r.label}
+  jax_chained = micro_record("jax", "chained", status="not_applicable",
+                             run_key=key_of["micro jax chained"])
+  ray = micro_record("ray", "fused", status="skipped", run_key=key_of["micro ray fused"])
+  assert micro_record(run_key=keys.micro_run_key(
+      "tf", "opbyop", 1, 2, 128, 1024, 0, "another commit"))["run_key"] != tf_opbyop.key
   done = suites.done_keys([record, jax_chained, ray])
   assert suites.record_key(jax_chained) in done   # nothing to redo
   assert suites.record_key(ray) not in done       # the extra may be installed now
@@ -100,6 +105,12 @@ GOOD = ("Suite.name = 's'\nSuite.matrices = [@TrainMatrix()]\n"
     ("Suite.name = ''\n", "Suite.name = ''"),
     ("Suite.name = \n", "line 4"),
     ("Nope.x = 1\n", "Nope"),
+    ("TrainMatrix.mtf_strategy = 'tpu'\n", "trains in bfloat16 activations"),
+    ("TrainMatrix.mtf_strategy = 'multi_worker'\nTrainMatrix.num_cpu_devices = 1\n",
+     "--num_cpu_devices applies to --strategy=local"),
+    ("TrainMatrix.systems = ['mtf']\n"
+     "TrainMatrix.gin_params = [\"ModelConfig.embedding = 'gather'\"]\n",
+     "--system=mtf computes only one_hot"),
 ])
 def test_bad_suite_input_is_one_line_naming_it(tmp_path, extra, expect):
   path = _write(tmp_path, GOOD + extra)
@@ -134,18 +145,63 @@ def test_paper_suites_run_mtf_on_the_tpu_strategy_and_jax_locally():
   assert strategies == {"mtf": "tpu", "jax": None}
   mtf_run = next(r for r in runs if r.flags["system"] == "mtf")
   assert "--strategy=tpu" in mtf_run.args("out.jsonl") and " tpu " in mtf_run.label
-  record = train_record(flags=dict(_train_flags_as_recorded(mtf_run), strategy="tpu"))
-  assert suites.record_key(record) == mtf_run.key
-  # The same run recorded under another strategy measured something else.
-  local = train_record(flags=dict(_train_flags_as_recorded(mtf_run), strategy="local"))
-  assert suites.record_key(local) != mtf_run.key
+  assert _train_key(mtf_run) == mtf_run.key
+  # The same run under another strategy measures something else.
+  local = keys.run_key("mtf", mtf_run.flags["gin_file"], mtf_run.flags["gin_param"], None,
+                       "local", keys.code_version())
+  assert local != mtf_run.key
 
 
-def test_a_local_run_keeps_the_key_of_records_written_before_strategy_existed():
+def _gin_files(tmp_path, common: str) -> str:
+  """A model file that includes another, as gin/models/t5_small.gin does."""
+  (tmp_path / "common.gin").write_text(common)
+  model = tmp_path / "model.gin"
+  model.write_text(f"include '{tmp_path / 'common.gin'}'\nModelConfig.d_model = 64\n")
+  return str(model)
+
+
+def test_the_key_changes_with_an_included_files_content_the_commit_and_the_bindings(
+    tmp_path):
+  model = _gin_files(tmp_path, "ModelConfig.num_layers = 2\n")
+  args = ("jax", [model, "gin/mesh/single.gin"], ["TrainConfig.steps = 3"], 1, "local")
+  key = keys.run_key(*args, "abc123")
+  assert keys.run_key(*args, "abc123") == key                         # same inputs
+  assert keys.run_key(*args, "abc123+dirty.0f0f") != key              # other code
+  assert keys.run_key(*args[:2], ["TrainConfig.steps = 4"], *args[3:], "abc123") != key
+  _gin_files(tmp_path, "ModelConfig.num_layers = 3\n")               # edit the include
+  assert keys.run_key(*args, "abc123") != key
+  _gin_files(tmp_path, "ModelConfig.num_layers = 2\n")               # and back
+  assert keys.run_key(*args, "abc123") == key
+
+
+def test_the_shipped_models_key_their_included_common_file():
+  names = [name for name, _ in keys.gin_sources(["gin/models/t5_small.gin"])]
+  assert names == ["gin/models/t5_small.gin", "gin/models/t5_common.gin"]
+
+
+def test_an_old_record_without_a_run_key_is_read_but_matches_no_run(tmp_path):
   run = suites.expand(suites.load("table1_local"))[0]
-  for stored in ({}, {"strategy": "local"}):
-    record = train_record(flags=dict(_train_flags_as_recorded(run), **stored))
-    assert suites.record_key(record) == run.key
+  old = train_record(run_key=run.key)
+  del old["run_key"]
+  with pytest.raises(ValueError, match="missing run_key"):
+    results.validate(old)                       # new records must have it
+  path = tmp_path / "old.jsonl"
+  path.write_text(json.dumps(old) + "\n")
+  records, problems = results.read(str(path))
+  assert problems == [] and records[0]["status"] == "ok"
+  assert suites.done_keys(records) == set()     # so the suite measures it again
+
+
+def test_dry_run_refuses_what_train_would_refuse_for_the_strategy(tmp_path):
+  path = _write(tmp_path, GOOD + "TrainMatrix.systems = ['mtf']\n"
+                "TrainMatrix.mtf_strategy = 'tpu'\n")
+  [run] = suites.expand(suites.load(path))
+  with pytest.raises(UsageError) as info:
+    suites.validate(run)
+  message = str(info.value)
+  assert message.startswith("run 't5_tiny mtf tpu float32 single batch 8': ")
+  assert "--strategy=tpu trains in bfloat16 activations" in message
+  assert "TrainMatrix.dtypes" in message and "\n" not in message
 
 
 def test_train_flags_reach_train_runs_only_and_may_not_change_what_is_measured():

@@ -17,7 +17,7 @@ from absl import flags
 from absl import logging
 
 from tf_tput import micro
-from tf_tput.records import build, provenance, results
+from tf_tput.records import build, keys, provenance, results
 from tf_tput import errors
 from tf_tput.errors import UsageError
 
@@ -53,6 +53,9 @@ def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_m
       "matmul_n": spec.matmul_n, "computation_ms": computation_ms, "wall_s": wall,
       "computations_per_sec": spec.computations * len(seconds) / wall if wall else None,
       "repeats": rates,
+      "run_key": keys.micro_run_key(spec.system, spec.mode, spec.hosts,
+                                    spec.devices_per_host, spec.chain_length,
+                                    spec.computations, spec.matmul_n, keys.code_version()),
   }, [{"platform": "cpu", "kind": provenance.cpu_model(), "count": spec.num_devices}],
       status=status, error=error)
 

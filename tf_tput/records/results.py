@@ -33,6 +33,7 @@ FIELDS = {
     "peak_host_memory_bytes": (int, type(None)), "device_memory_bytes": (int, type(None)),
     "losses": list, "final_loss": _OPT_NUM, "config": str, "flags": dict, "env": dict,
     "git_commit": _OPT_STR,
+    "run_key": str,  # tf_tput.records.keys.run_key: what a suite resumes by
 }
 STEP_TIME_KEYS = ("median", "mean", "p10", "p90", "min", "max")
 ENV_KEYS = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform", "cpu",
@@ -47,6 +48,7 @@ MICRO_FIELDS = {
     "chain_length": int, "computations": int, "matmul_n": int,
     "computation_ms": _OPT_NUM, "wall_s": _OPT_NUM, "computations_per_sec": _OPT_NUM,
     "repeats": list, "env": dict, "git_commit": _OPT_STR,
+    "run_key": str,  # tf_tput.records.keys.micro_run_key
 }
 # skipped: the system's extra is not installed; not_applicable: the system has no
 # such mode (JAX has no chained mode, as in the paper). `error` says which and why.
@@ -54,10 +56,11 @@ MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
 
 # Fields added to a schema after records were written without them: new records must
 # have them; a record read back may lack them (written by older code), and then the
-# field is left out of it, never guessed. Readers use record.get(field).
+# field is left out of it, never guessed. Readers use record.get(field). A record
+# without run_key matches no suite run, so a suite measures it again.
 LATER_FIELDS = {
-    SCHEMA: ("embedding",),
-    MICRO_SCHEMA: (),
+    SCHEMA: ("embedding", "run_key"),
+    MICRO_SCHEMA: ("run_key",),
 }
 
 # schema -> (fields, statuses, fields an ok record must have)

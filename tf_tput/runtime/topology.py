@@ -63,6 +63,22 @@ def launched_processes() -> tuple:
           int(os.environ.get(PROCESS_ID_ENV, "0")))
 
 
+def check_strategy(system: str, strategy: str, experiment,
+                   num_cpu_devices: Optional[int] = None) -> None:
+  """What --strategy asks of the system and the config, checked the same way by
+  tf_tput.train and a suite's validation (the environment's part stays in train)."""
+  if strategy != "local" and system != "mtf":
+    raise UsageError(f"--strategy={strategy} is for --system=mtf; --system={system} "
+                     "runs locally or as processes of tf_tput.launch --num_processes")
+  if strategy != "local" and num_cpu_devices is not None:
+    raise UsageError(f"--num_cpu_devices applies to --strategy=local; with {strategy} the "
+                     "devices come from the cluster (tf_tput.launch --devices_per_worker)")
+  if strategy == "tpu" and experiment.model.activation_dtype != "bfloat16":
+    raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "
+                     f"not {experiment.model.activation_dtype}; add "
+                     "--gin_param=\"ModelConfig.activation_dtype='bfloat16'\"")
+
+
 def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "local",
             cluster_timeout_s: float = 60.0, tpu_address=None) -> Topology:
   if strategy == "multi_worker":

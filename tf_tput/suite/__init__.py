@@ -8,16 +8,15 @@ batches x dtypes gives one `python -m tf_tput.train` run per combination, a
 MicroMatrix of systems x modes x hosts one `python -m tf_tput.micro` run per
 combination.
 
-A run is identified by a key: a hash of the arguments that decide what it measures.
-The same key is computed from a record's stored arguments (train: `flags`; micro:
-the fields that hold them), so a results file tells which runs already succeeded
-and a rerun of the suite skips them. No record field is added for this.
+A run is identified by its key (tf_tput.records.keys): a hash of what decides what
+it measures, the content of its gin files and the code version included. The child
+stores the same key in its record (`run_key`), so a results file tells which runs
+already succeeded and a rerun of the suite skips them; a record without a key
+(older code) or with another (an edited gin file, other code) matches nothing.
 """
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import logging
 import pathlib
 import sys
@@ -26,7 +25,7 @@ from typing import Optional, Sequence
 import gin
 
 from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, systems
-from tf_tput.records import results
+from tf_tput.records import keys, results
 from tf_tput.runtime import topology
 from tf_tput.errors import UsageError
 
@@ -78,23 +77,12 @@ class Suite:
 # extra was not installed) is retried: the extra may be there now.
 DONE_STATUSES = {results.SCHEMA: ("ok",), results.MICRO_SCHEMA: ("ok", "not_applicable")}
 
-# train flags that decide what a run measures (and are stored in the record's
-# `flags`); --results, --tensorboard_dir and --log_every do not. The suite passes
-# steps, warmup steps and batch as gin bindings, so they are in gin_param.
-TRAIN_KEY_FLAGS = ("system", "gin_file", "gin_param", "num_cpu_devices")
-# --strategy decides too; it joins the key only when not "local", so records written
-# before it existed keep their keys.
 STRATEGY_FLAG = "strategy"
-# micro record fields that decide what a run measured. The repeat count is not among
-# them: it says how often a configuration was timed, and a failed record has none.
-MICRO_KEY_FIELDS = ("system", "mode", "hosts", "devices_per_host", "chain_length",
-                    "computations", "matmul_n")
-
-
-# train flags a suite's --train_flag may not set: they decide what a run measures (or
-# where its record goes), so the suite file sets them.
-KEYED_TRAIN_FLAGS = (*TRAIN_KEY_FLAGS, STRATEGY_FLAG, "results", "steps", "warmup_steps",
-                     "global_batch")
+# train flags a suite's --train_flag may not set: they decide what a run measures (the
+# run key's arguments, or bindings the suite passes as --gin_param) or where its
+# record goes, so the suite file sets them.
+KEYED_TRAIN_FLAGS = ("system", "gin_file", "gin_param", "num_cpu_devices", STRATEGY_FLAG,
+                     "results", "steps", "warmup_steps", "global_batch")
 
 
 def check_train_flags(train_flags) -> None:
@@ -108,43 +96,25 @@ def check_train_flags(train_flags) -> None:
                        "set it in the suite file (TrainMatrix) instead")
 
 
-def _hash(kind: str, values: dict) -> str:
-  text = json.dumps([kind, values], sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def record_key(record: dict) -> Optional[str]:
-  """The key of the run that wrote `record` (as Run.key computes it)."""
-  if record["schema"] == results.SCHEMA:
-    stored = record["flags"]
-    return _hash(TRAIN_MODULE, _train_key(stored, stored.get(STRATEGY_FLAG) or "local"))
-  if record["schema"] == results.MICRO_SCHEMA:
-    return _hash(MICRO_MODULE, {k: record[k] for k in MICRO_KEY_FIELDS})
-  return None
-
-
-def _train_key(flags: dict, strategy: str) -> dict:
-  values = {k: flags.get(k) for k in TRAIN_KEY_FLAGS}
-  if strategy != "local":
-    values[STRATEGY_FLAG] = strategy
-  return values
+  """The key of the run that wrote `record`; None (matching no run) for records
+  written before records stored it."""
+  return record.get("run_key")
 
 
 def done_keys(records: list) -> set:
-  return {record_key(r) for r in records if r["status"] in DONE_STATUSES[r["schema"]]}
+  return {record_key(r) for r in records
+          if r["status"] in DONE_STATUSES[r["schema"]] and record_key(r)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   module: str        # TRAIN_MODULE | MICRO_MODULE
   flags: dict        # flag -> value (a list repeats the flag); --results is added
-  key_values: dict   # what record_key reads back from this run's record
+  key: str           # tf_tput.records.keys; the child stores it as the record's run_key
   label: str         # for people: "t5_small jax float32 data2_model2 batch 8"
   group: str         # runs expected to take about as long (time-left estimate)
-
-  @property
-  def key(self) -> str:
-    return _hash(self.module, self.key_values)
+  strategy: str = "local"
 
   def args(self, results_path: str) -> list:
     out = []
@@ -159,7 +129,7 @@ class Run:
     return [sys.executable, "-m", self.module, *self.args(results_path), *extra]
 
 
-def _train_runs(m: TrainMatrix) -> list:
+def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
   runs = []
   for model, mesh, batch, dtype, system in itertools.product(
       m.models, m.meshes, m.global_batches, m.dtypes, m.systems):
@@ -176,24 +146,24 @@ def _train_runs(m: TrainMatrix) -> list:
     strategy = m.mtf_strategy if system == "mtf" else "local"
     if strategy != "local":
       flags[STRATEGY_FLAG] = strategy
-    runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None},
-                    _train_key(flags, strategy),
+    key = keys.run_key(system, flags["gin_file"], flags["gin_param"], m.num_cpu_devices,
+                       strategy, commit)
+    runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None}, key,
                     f"{model} {system}{'' if strategy == 'local' else ' ' + strategy} "
-                    f"{dtype} {mesh} batch {batch}", model))
+                    f"{dtype} {mesh} batch {batch}", model, strategy))
   return runs
 
 
-def _micro_runs(m: MicroMatrix) -> list:
+def _micro_runs(m: MicroMatrix, commit: Optional[str]) -> list:
   runs = []
   for hosts, system, mode in itertools.product(m.hosts, m.systems, m.modes):
     flags = {"systems": system, "modes": mode, "hosts": hosts,
              "devices_per_host": m.devices_per_host, "chain_length": m.chain_length,
              "computations": m.computations, "repeats": m.repeats,
              "timeout_s": m.timeout_s, "bare_loop": False}
-    key_values = {"system": system, "mode": mode, "hosts": hosts,
-                  "devices_per_host": m.devices_per_host, "chain_length": m.chain_length,
-                  "computations": m.computations, "matmul_n": 0}
-    runs.append(Run(MICRO_MODULE, flags, key_values,
+    key = keys.micro_run_key(system, mode, hosts, m.devices_per_host, m.chain_length,
+                             m.computations, 0, commit)  # matmul_n 0: the scalar add
+    runs.append(Run(MICRO_MODULE, flags, key,
                     f"micro {system} {mode} {hosts} host(s) x {m.devices_per_host}",
                     f"micro {system} {hosts}"))
   return runs
@@ -202,9 +172,10 @@ def _micro_runs(m: MicroMatrix) -> list:
 def expand(suite: Suite) -> list:
   """Every run of the suite, in order, without duplicates."""
   runs, seen = [], set()
+  commit = keys.code_version()  # the code the children will run
   for matrix in suite.matrices:
-    for run in (_train_runs(matrix) if isinstance(matrix, TrainMatrix)
-                else _micro_runs(matrix)):
+    for run in (_train_runs(matrix, commit) if isinstance(matrix, TrainMatrix)
+                else _micro_runs(matrix, commit)):
       if run.key not in seen:
         seen.add(run.key)
         runs.append(run)
@@ -323,12 +294,19 @@ def validate(run: Run) -> str:
   root.setLevel(logging.CRITICAL)
   try:
     experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
+    systems.check_experiment(run.flags["system"], experiment)
     if "num_cpu_devices" in run.flags:
       config.validate(experiment, num_devices=run.flags["num_cpu_devices"])
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
   finally:
     root.setLevel(level)
+  try:
+    topology.check_strategy(run.flags["system"], run.strategy, experiment,
+                            run.flags.get("num_cpu_devices"))
+  except UsageError as e:  # train's words; the suite file says them as matrix fields
+    raise UsageError(f"run {run.label!r}: {e} (in the suite file: TrainMatrix.dtypes, "
+                     "mtf_strategy, num_cpu_devices)") from None
   m, d = experiment.model, experiment.data
   inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
   tokens = experiment.train.global_batch * models.tokens_per_example(
