@@ -55,8 +55,10 @@ def test_two_launched_processes_share_one_mesh(tmp_path):
   assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
 
 
+# On one device the same parity is asserted in-process (tests/unit/test_jax_model.py);
+# here the entry point on a sharded mesh, where the layouts must agree too.
 @pytest.mark.parametrize("model", ["t5_tiny", "decoder_tiny"])
-@pytest.mark.parametrize("mesh", [[], [f"--mesh={MESH_2X2}"]], ids=["1-device", "2x2"])
+@pytest.mark.parametrize("mesh", [[f"--mesh={MESH_2X2}"]], ids=["2x2"])
 def test_parity_with_mtf_float32(model, mesh):
   proc = run_cli("tf_tput.parity", f"--gin_file=gin/models/{model}.gin", *mesh,
                  "--steps=10")
