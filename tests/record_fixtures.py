@@ -46,7 +46,8 @@ def micro_record(system="tf", mode="opbyop", hosts=1, repeats=(900.0, 1000.0, 11
       "started_at": "2026-12-02T10:00:00+00:00", "status": status,
       "error": None if ok else f"{system} {mode}: {status}", "system": system, "mode": mode,
       "hosts": hosts, "devices_per_host": 2, "chain_length": 128, "computations": 1024,
-      "matmul_n": 0, "computation_ms": None, "wall_s": 3.0 if ok else None,
+      "matmul_n": 0, "computation_ms": None,
+      "computation_ms_measured": None, "wall_s": 3.0 if ok else None,
       "computations_per_sec": sum(repeats) / len(repeats) if ok else None,
       "repeats": list(repeats) if ok else [], "env": ENV, "git_commit": "0123456789abcdef",
   }
