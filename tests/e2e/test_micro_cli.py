@@ -111,6 +111,8 @@ def test_bad_flags_are_one_line_errors(tmp_path):
       (["--computations=100", "--chain_length=8"], "--computations=100"),
       (["--hosts=1,x"], "--hosts=1,x"),
       (["--hosts=0"], "--hosts=0"),
+      (["--crossover", "--crossover_ms=0.3,x"], "--crossover_ms=0.3,x"),
+      (["--crossover", "--crossover_ms=0,3"], "--crossover_ms=0,3"),
   ):
     proc = run_cli("tf_tput.micro", *args, f"--results={tmp_path / 'm.jsonl'}")
     assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
