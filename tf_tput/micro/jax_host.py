@@ -53,9 +53,8 @@ def _programs(spec: micro.Spec):
   x = jax.make_array_from_callback((n_devices,), sharding,
                                    lambda index: np.zeros((n_devices,), np.int32)[index])
   n = max(spec.matmul_n, 1)
-  a = jax.make_array_from_callback((n_devices, n, n), sharding,
-                                   lambda index: np.full((n_devices, n, n), micro.MATMUL_FILL,
-                                                         np.float32)[index])
+  filled = np.full((n_devices, n, n), micro.MATMUL_FILL, np.float32)
+  a = jax.make_array_from_callback((n_devices, n, n), sharding, lambda index: filled[index])
   return jax.jit(one, donate_argnums=0), fused, x, a
 
 
@@ -87,7 +86,8 @@ def main(argv) -> int:
     elapsed = time.perf_counter() - start
     done += spec.calls_per_repeat * per_call
     if not FLAGS.bare:
-      micro.check(_value(x), micro.expected(spec, done), f"jax {spec.mode} repeat {repeat}")
+      micro.check(_value(x), micro.expected(spec, done),
+                  f"jax {spec.mode} repeat {repeat}")
     if repeat:
       seconds.append(elapsed)
   micro.check(_value(x), micro.expected(spec, done), f"jax {spec.mode} after all repeats")

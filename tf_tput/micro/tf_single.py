@@ -40,8 +40,9 @@ CPU their ring travels the same gRPC RecvTensor path, with more hops per reducti
 Modes. State is one int32 variable per device, x_<task>_<index> (plus, with
 spec.matmul_n, one n x n float32 variable of ones a_<task>_<index> per device, read
 afresh by each computation after the previous one so that no graph optimizer shares
-one matmul between computations, and (A @ A)[0, 0] / n, exactly 1, added to x). Variables live in the workers' shared resource
-state, as TF1 variables always did; another session on the cluster sees them.
+one matmul between computations; (A @ A)[0, 0] / n, exactly 1, is added to x).
+Variables live in the workers' shared resource state, as TF1 variables always did;
+another session on the cluster sees them.
   opbyop   one call runs a graph of one computation that assigns the new values;
   chained  one call runs a graph of chain_length chained computations, built once,
            that reads the variables and assigns the final values;
@@ -58,8 +59,9 @@ state, as TF1 variables always did; another session on the cluster sees them.
 
 Checks and timing. After every repeat (the untimed warmup included) the client reads
 every device's x back and micro.check()s it against micro.expected() of the number
-of computations run so far. Each repeat is timed with time.perf_counter around its spec.calls_per_repeat
-calls; a call returns when its step has completed on every worker.
+of computations run so far. Each repeat is timed with time.perf_counter around its
+spec.calls_per_repeat calls; a call returns when its step has completed on every
+worker.
 
 Timeout. spec.timeout_s bounds the whole run: the servers' start-up waits for it, the
 session's operation_timeout_in_ms (CreateSession, ListDevices, MakeCallable) and each
@@ -250,7 +252,8 @@ def _measure(tf, session, program, spec, deadline) -> list:
     options.timeout_in_ms = _remaining_ms(deadline)
     values = session.run(program.reads, options=options)
     for device, value in zip(program.devices, values):
-      micro.check(value, micro.expected(spec, done), f"tf {spec.mode} repeat {repeat} on {device}")
+      micro.check(value, micro.expected(spec, done),
+                  f"tf {spec.mode} repeat {repeat} on {device}")
     if repeat:
       seconds.append(elapsed)
   return seconds
