@@ -71,9 +71,16 @@ def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
   matmul = [r for r in matmul if r["matmul_n"]]
   assert {r["computation_ms"] for r in matmul} == {0.3, 3.0}
   assert all(r["status"] == "ok" for r in matmul)
-  # The larger computation is a larger matmul.
-  assert max(r["matmul_n"] for r in matmul if r["computation_ms"] == 3.0) > max(
-      r["matmul_n"] for r in matmul if r["computation_ms"] == 0.3)
+  # Both sizes come from one calibrated rate (no second, noisy measurement): the
+  # larger computation is a larger matmul, 10 ** (1/3) times the side up to rounding.
+  n = {ms: {r["matmul_n"] for r in matmul if r["computation_ms"] == ms} for ms in (0.3, 3.0)}
+  assert len(n[0.3]) == len(n[3.0]) == 1
+  small, large = n[0.3].pop(), n[3.0].pop()
+  assert large > small and abs(large - 10 ** (1 / 3) * small) <= 0.5 + 0.5 * 10 ** (1 / 3)
+  # Every crossover record says how long its matmul took here, and the lines say it too.
+  assert all(r["computation_ms_measured"] > 0 for r in matmul)
+  assert "measured here" in lines[0]
+  assert any(line.startswith("matmul sizing: ") for line in proc.stdout.splitlines())
 
 
 def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
@@ -104,6 +111,8 @@ def test_bad_flags_are_one_line_errors(tmp_path):
       (["--computations=100", "--chain_length=8"], "--computations=100"),
       (["--hosts=1,x"], "--hosts=1,x"),
       (["--hosts=0"], "--hosts=0"),
+      (["--crossover", "--crossover_ms=0.3,x"], "--crossover_ms=0.3,x"),
+      (["--crossover", "--crossover_ms=0,3"], "--crossover_ms=0,3"),
   ):
     proc = run_cli("tf_tput.micro", *args, f"--results={tmp_path / 'm.jsonl'}")
     assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]

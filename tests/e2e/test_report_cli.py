@@ -69,8 +69,16 @@ def test_report_directory_has_markdown_csv_and_valid_pngs(tmp_path):
 
 def test_console_table_without_out(tmp_path):
   train, micro = _fixture_files(tmp_path)
-  proc = run_cli("tf_tput.report", f"--results={train},{micro}")
+  crossover = tmp_path / "crossover.jsonl"
+  _write(crossover, [micro_record(s, repeats=(rate,) * 3, matmul_n=90, computation_ms=3.0,
+                                  computation_ms_measured=3.4, chain_length=1,
+                                  run_id=f"x{s}") for s, rate in (("tf", 300.0),
+                                                                  ("jax", 400.0))])
+  proc = run_cli("tf_tput.report", f"--results={train},{micro},{crossover}")
   assert proc.returncode == 0, proc.stderr
+  # Fig. 6: the asked and the measured duration, the rates and tf's share of jax's.
+  assert any(line.split() == ["1", "2", "3", "3.4", "90", "300", "400", "75%"]
+             for line in proc.stdout.splitlines()), proc.stdout
   assert "vs mtf" in proc.stdout and "3.30x" in proc.stdout  # jax / mtf on t5_base
   assert "failed: step 3: boom" in proc.stdout
   assert "jax opbyop" in proc.stdout and "not applicable" in proc.stdout

@@ -41,7 +41,7 @@ def test_matmul_before_the_allreduce():
 
 def test_a_wrong_result_fails_the_run_and_stops_the_cluster(monkeypatch):
   # The driver expects one more than the AllReduce produces: the first check fails.
-  monkeypatch.setattr(ray_actors, "_expected", lambda done: done + 1)
+  monkeypatch.setattr(micro, "expected", lambda spec, done: done + 1)
   with pytest.raises(micro.CheckError, match="ray host 0 device 0 after 8 "
                      "computations: got 8, expected 9"):
     ray_actors.run(fast_spec("fused"))

@@ -40,6 +40,14 @@ def test_a_matmul_runs_before_the_allreduce():
   assert len(seconds) == 2 and all(s > 0 for s in seconds)
 
 
+def test_a_matmul_that_contributes_nothing_fails_the_check(monkeypatch):
+  # A matrix of zeros: its product adds 0, as a skipped matmul would; each computation
+  # then adds 1, not 2, and the warmup's check fails.
+  monkeypatch.setattr(micro, "MATMUL_FILL", 0.0)
+  with pytest.raises(micro.CheckError, match="got 16, expected 32"):
+    tf_single.run(_spec("fused", hosts=1, matmul_n=16))
+
+
 def test_the_module_follows_the_system_contract():
   assert tf_single.unavailable() is None
   assert micro.system_module("tf") is tf_single

@@ -55,3 +55,24 @@ def test_measure_matmul_peak_with_fake_runner():
   assert len(calls) == 4   # one warm-up call, then the timed repeats
   assert rate > 0
   assert math.isfinite(rate)
+
+
+def test_the_probe_checks_its_matmul_of_ones():
+  peak_lib.check_matmul_corner(64.0, 64, "right")
+  peak_lib.check_matmul_corner(2048.0 * (1 + 2 ** -8), 2048, "bfloat16 rounding")
+  for wrong in (0.0, 32.0, 63.0, float("nan")):  # skipped, partial, off, broken
+    with pytest.raises(RuntimeError, match="matmul of ones gave"):
+      peak_lib.check_matmul_corner(wrong, 64, "wrong")
+
+
+@pytest.mark.parametrize("framework", ["jax", "tf"])
+def test_the_probe_runs_a_checked_matmul(framework, monkeypatch):
+  import types
+  topology = types.SimpleNamespace(framework=framework, session_target=None,
+                                   devices=["/CPU:0"])
+  peak_lib.matmul_runner(topology, 32, "float32")()   # ones: the check passes
+  seen = []
+  monkeypatch.setattr(peak_lib, "check_matmul_corner",
+                      lambda corner, n, where: seen.append((float(corner), n)))
+  peak_lib.matmul_runner(topology, 32, "float32")()
+  assert seen == [(32.0, 32)]

@@ -84,6 +84,29 @@ def test_micro_table_statuses_and_order():
   assert rows[1] == ["2", "4", "failed", "not run", "not run"]
 
 
+def _crossover(system, hosts, ms, n, rate, measured=None, **kw):
+  return micro_record(system, hosts=hosts, repeats=(rate,) * 3, matmul_n=n,
+                      computation_ms=ms, computation_ms_measured=measured, chain_length=1,
+                      run_id=f"{system}{hosts}{ms}", **kw)
+
+
+def test_crossover_table_shows_asked_and_measured_ms_and_the_share_of_jax():
+  records = [_crossover("jax", 1, 3.0, 90, 400.0, 3.6),
+             _crossover("tf", 1, 3.0, 90, 300.0, 3.4),
+             _crossover("jax", 1, 0.3, 42, 2000.0, 0.5),
+             _crossover("tf", 1, 0.3, 42, 500.0, 0.4),
+             _crossover("tf", 2, 0.3, 42, 0.0, status="failed"),
+             # From before computation_ms_measured existed: shown as unknown.
+             {k: v for k, v in _crossover("jax", 2, 0.3, 42, 100.0).items()
+              if k != "computation_ms_measured"}]
+  header, rows = tables.crossover_table(records)
+  assert header == ["hosts", "devices", "ms asked", "ms measured", "matmul n",
+                    "tf computations/s", "jax computations/s", "tf/jax"]
+  assert rows == [["1", "2", "0.3", "0.45", "42", "500", "2,000", "25%"],
+                  ["1", "2", "3", "3.5", "90", "300", "400", "75%"],
+                  ["2", "4", "0.3", "–", "42", "failed", "100", "–"]]
+
+
 @pytest.mark.parametrize("old_step, new_step, new_tps, expect", [
     ((0.9, 1.0, 1.1), (0.45, 0.5, 0.55), 4096.0, compare.FASTER),
     ((0.9, 1.0, 1.1), (1.8, 2.0, 2.2), 1024.0, compare.SLOWER),
@@ -126,12 +149,14 @@ def test_csv_rows_fit_the_columns():
 
 def test_report_markdown_sections():
   train = _fixture_records()
-  micro = [micro_record(), micro_record("ray", status="skipped", run_id="s")]
+  micro = [micro_record(), micro_record("ray", status="skipped", run_id="s"),
+           _crossover("tf", 1, 3.0, 90, 300.0, 3.4)]
   text = document.render(train, micro, [("a.jsonl", 6, 2)], [("a.jsonl", 3, "not JSON")],
                          {"tokens_per_sec": "tokens_per_sec.png", "fig5": "fig5_dispatch.png"})
   for needle in ("## Training throughput (Table 1 style)", "![tokens/s per system",
                  "### Failed runs", "t5_small jax float32", "step 3: boom",
                  "## Dispatch micro-benchmarks (Fig. 5 style)", "ray opbyop 1 host(s): skipped",
+                 "## Crossover (Fig. 6 style)", "| 1 | 2 | 3 | 3.4 | 90 | 300 |",
                  "## Published figures", published.CITATION, "## Conventions",
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle

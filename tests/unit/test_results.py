@@ -7,6 +7,8 @@ import pytest
 from tf_tput.records import results
 from tf_tput.errors import UsageError
 
+from record_fixtures import micro_record
+
 
 def valid_record(**overrides) -> dict:
   record = {
@@ -193,16 +195,20 @@ def test_later_fields_belong_to_their_schema(schema):
   assert set(results.LATER_FIELDS[schema]) <= set(results.fields_of(schema))
 
 
-def test_a_record_from_before_a_later_field_is_read_but_not_written(tmp_path):
-  old = valid_record(run_id="old")
-  for field in results.LATER_FIELDS[results.SCHEMA]:
+@pytest.mark.parametrize("schema", sorted(results.LATER_FIELDS))
+def test_a_record_from_before_a_later_field_is_read_but_not_written(tmp_path, schema):
+  old = (valid_record(run_id="old") if schema == results.SCHEMA
+         else micro_record(matmul_n=64, computation_ms=1.0, computation_ms_measured=1.2,
+                           run_id="old"))
+  for field in results.LATER_FIELDS[schema]:
     del old[field]
   path = tmp_path / "runs.jsonl"
   path.write_text(json.dumps(old) + "\n")
   records, problems = results.read(str(path))
   assert [r["run_id"] for r in records] == ["old"] and problems == []
-  assert "embedding" not in records[0]  # absent, not guessed
-  with pytest.raises(ValueError, match="missing embedding"):
+  first = results.LATER_FIELDS[schema][0]
+  assert first not in records[0]  # absent, not guessed
+  with pytest.raises(ValueError, match=f"missing {first}"):
     results.append(str(tmp_path / "new.jsonl"), old)
   assert not (tmp_path / "new.jsonl").exists()
 

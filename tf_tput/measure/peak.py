@@ -66,39 +66,49 @@ def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZ
   return 2 * n ** 3 / best
 
 
+def check_matmul_corner(corner, n: int, where: str) -> None:
+  """The probe multiplies a matrix of ones by itself: every entry of the product is n
+  (to bfloat16's rounding, 2**-8 relative), so a skipped or partial matmul fails."""
+  if not abs(float(corner) - n) <= n * 2 ** -7:
+    raise RuntimeError(f"{where}: the {n}x{n} matmul of ones gave [0, 0] = {corner}, "
+                       f"not {n}: the peak probe did not multiply what it timed")
+
+
 def matmul_runner(topology, n: int, dtype: str) -> Callable[[], None]:
-  """A callable that runs one n x n x n matmul on the first device and waits for it."""
+  """A callable that runs one n x n x n matmul of ones on the first device, waits for
+  it and checks its result (check_matmul_corner). The matrix is an input (a device
+  array, a tensor, a variable), never a constant a compiler could fold."""
+  where = f"{topology.framework} {dtype} peak probe"
   if topology.framework == "jax":
     import jax
     import jax.numpy as jnp
     device = jax.local_devices()[0]
     a = jax.device_put(jnp.ones((n, n), dtype=dtype), device)
-    matmul = jax.jit(jnp.matmul)
-    return lambda: matmul(a, a).block_until_ready()
+    corner = jax.jit(lambda a: jnp.matmul(a, a)[0, 0])  # the whole product is computed
+    return lambda: check_matmul_corner(corner(a), n, where)  # reading a value waits
   import tensorflow as tf
 
   if topology.session_target:
-    return _session_matmul_runner(tf, topology, n, dtype)
+    return _session_matmul_runner(tf, topology, n, dtype, where)
   with tf.device(topology.devices[0]):
-    a = tf.random.normal([n, n], dtype=tf.float32)
-    a = tf.cast(a, dtype)
+    a = tf.ones([n, n], dtype=dtype)
     b = tf.identity(a)
 
   def run():
     with tf.device(topology.devices[0]):
-      float(tf.cast(tf.matmul(a, b)[0, 0], tf.float32))  # reading a value waits
+      check_matmul_corner(tf.cast(tf.matmul(a, b)[0, 0], tf.float32), n, where)
   return run
 
 
-def _session_matmul_runner(tf, topology, n: int, dtype: str):
+def _session_matmul_runner(tf, topology, n: int, dtype: str, where: str):
   """The matmul on the first device of a cluster, run through the cluster's master."""
   graph = tf.Graph()
   with graph.as_default(), tf.device(topology.devices[0]):
-    a = tf.Variable(tf.cast(tf.random.normal([n, n]), dtype))
+    a = tf.Variable(tf.ones([n, n], dtype=dtype))
     corner = tf.cast(tf.matmul(a, a)[0, 0], tf.float32)
   session = tf.compat.v1.Session(topology.session_target, graph=graph)
   session.run(a.initializer)
-  return lambda: session.run(corner)
+  return lambda: check_matmul_corner(session.run(corner), n, where)
 
 
 def peak(topology, dtype: str) -> tuple:

@@ -4,10 +4,12 @@ The computation, identical for every system: each device of every host holds one
 int32 scalar x (all equal). One computation is an AllReduce-sum of x over all
 devices followed by a scalar add: x <- sum(x) // num_devices + 1. Each computation's
 output feeds the next, so after k computations from 0 every device holds k; the
-systems check that value, and a fast wrong benchmark fails. With a matmul size
-(Fig. 6's crossover), each device first multiplies an n x n float32 matrix of zeros
-(held as an input, so no compiler can fold it away) and adds its [0, 0] entry (0) to
-x before the AllReduce.
+systems check that value (expected()), and a fast wrong benchmark fails. With a
+matmul size n (Fig. 6's crossover), each device first multiplies an n x n float32
+matrix of ones by itself (held as an input, so no compiler can fold it away) and adds
+(A @ A)[0, 0] / n, exactly 1, to x before the AllReduce: every computation then adds
+2, and a skipped (zero) or partial matmul breaks the checked value. The sizes come
+from one calibrated matmul rate per invocation (tf_tput/micro/sizing.py).
 
 Modes, as in the paper:
   opbyop   one client call per computation;
@@ -53,6 +55,14 @@ class Spec:
     """Client calls per repeat: one per computation, or one per chain / loop."""
     return self.computations if self.mode == "opbyop" else (
         self.computations // self.chain_length)
+
+
+MATMUL_FILL = 1.0  # every entry of the matmul's matrix: (A @ A)[0, 0] == n exactly
+
+
+def expected(spec: Spec, computations: int) -> int:
+  """Every device's x after `computations` computations from 0 (see the docstring)."""
+  return computations * (2 if spec.matmul_n else 1)
 
 
 class CheckError(RuntimeError):

@@ -10,13 +10,13 @@ not have as not applicable, a failed run as failed; the others still run.
 """
 
 import sys
-import time
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from tf_tput import micro
+from tf_tput.micro import sizing
 from tf_tput.records import build, keys, provenance, results
 from tf_tput import errors
 from tf_tput.errors import UsageError
@@ -43,14 +43,16 @@ flags.DEFINE_bool("bare_loop", True, "With jax opbyop on 1 host, also time a bar
                   "of the same jitted call and print the harness / bare ratio.")
 
 
-def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None):
+def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None,
+            computation_ms_measured=None):
   rates = [spec.computations / s for s in seconds]
   wall = sum(seconds) if seconds else None
   return build.record(results.MICRO_SCHEMA, {
       "system": spec.system, "mode": spec.mode,
       "hosts": spec.hosts, "devices_per_host": spec.devices_per_host,
       "chain_length": spec.chain_length, "computations": spec.computations,
-      "matmul_n": spec.matmul_n, "computation_ms": computation_ms, "wall_s": wall,
+      "matmul_n": spec.matmul_n, "computation_ms": computation_ms,
+      "computation_ms_measured": computation_ms_measured, "wall_s": wall,
       "computations_per_sec": spec.computations * len(seconds) / wall if wall else None,
       "repeats": rates,
       "run_key": keys.micro_run_key(spec.system, spec.mode, spec.hosts,
@@ -60,8 +62,10 @@ def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_m
       status=status, error=error)
 
 
-def measure(spec: micro.Spec, computation_ms=None) -> dict:
+def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None) -> dict:
   """One system x mode x hosts run -> its record (appended to --results)."""
+  sized = dict(computation_ms=computation_ms,
+               computation_ms_measured=computation_ms_measured)
   module = micro.system_module(spec.system)
   reason = module.unavailable()
   if reason:
@@ -73,12 +77,12 @@ def measure(spec: micro.Spec, computation_ms=None) -> dict:
     logging.info("%s %s, %d host(s) x %d devices%s", spec.system, spec.mode, spec.hosts,
                  spec.devices_per_host, f", matmul {spec.matmul_n}" if spec.matmul_n else "")
     try:
-      record = _record(spec, "ok", seconds=module.run(spec), computation_ms=computation_ms)
+      record = _record(spec, "ok", seconds=module.run(spec), **sized)
     except (KeyboardInterrupt, SystemExit):
       raise
     except Exception as e:  # noqa: BLE001: one failed run is recorded, others go on
       logging.exception("%s %s failed", spec.system, spec.mode)
-      record = _record(spec, "failed", errors.one_line(e), computation_ms=computation_ms)
+      record = _record(spec, "failed", errors.one_line(e), **sized)
   results.append(FLAGS.results, record)
   return record
 
@@ -91,39 +95,35 @@ def _bare_loop_ratio(spec: micro.Spec, harness_rate: float) -> str:
           f"{bare_rate:,.0f} computations/s ({100 * harness_rate / bare_rate:.0f}%)")
 
 
-def matmul_n_for(ms: float) -> int:
-  """n such that one n x n float32 matmul takes about `ms` here (numpy, measured)."""
-  import numpy as np
-  n = 512
-  a = np.ones((n, n), np.float32)
-  a @ a
-  start = time.perf_counter()
-  for _ in range(5):
-    a @ a
-  flops_per_s = 5 * 2 * n ** 3 / (time.perf_counter() - start)
-  return max(8, round((ms / 1e3 * flops_per_s / 2) ** (1 / 3)))
-
-
-def crossover(hosts_list, base: dict) -> list:
+def crossover(hosts_list, durations: list, base: dict) -> list:
   """Fig. 6 lines: per single-controller system and host count, the smallest tried
-  duration whose opbyop rate reaches the fraction of JAX's."""
-  lines = []
+  duration whose opbyop rate reaches the fraction of JAX's. Every matmul size comes
+  from one rate calibrated here, once (tf_tput/micro/sizing.py)."""
+  rate = sizing.matmul_rate()
+  sizes = sizing.sizes(durations, rate)
+  measured = {ms: sizing.measured_ms(n) for ms, n in sizes.items()}
+
+  def sized(ms):
+    return f"{ms:g} ms (n={sizes[ms]}, measured here {measured[ms]:.3g} ms)"
+
+  lines = [f"matmul sizing: numpy float32 {rate / 1e9:,.1f} GFLOP/s (best of "
+           f"{sizing.CALIBRATION_RUNS} runs of >= {sizing.CALIBRATION_MIN_S * 1e3:g} ms): "
+           + ", ".join(map(sized, durations))]
   for hosts in hosts_list:
     rates = {}
-    for ms in map(float, FLAGS.crossover_ms):
-      n = matmul_n_for(ms)
+    for ms in durations:
       computations = max(8, round(FLAGS.crossover_repeat_s * 1e3 / ms))
       for system in FLAGS.systems:
-        spec = micro.Spec(system, "opbyop", hosts, matmul_n=n, computations=computations,
-                          chain_length=1, repeats=3, **base)
-        rates[(system, ms)] = measure(spec, computation_ms=ms)["computations_per_sec"]
+        spec = micro.Spec(system, "opbyop", hosts, matmul_n=sizes[ms],
+                          computations=computations, chain_length=1, repeats=3, **base)
+        rates[(system, ms)] = measure(spec, ms, measured[ms])["computations_per_sec"]
     for system in (s for s in FLAGS.systems if s != "jax"):
-      found = [ms for ms in map(float, FLAGS.crossover_ms)
+      found = [ms for ms in durations
                if rates.get((system, ms)) and rates.get(("jax", ms))
                and rates[(system, ms)] >= FLAGS.crossover_fraction * rates[("jax", ms)]]
       lines.append(f"crossover {system} vs jax, {hosts} host(s): "
-                   + (f"{min(found):g} ms" if found else
-                      f"not reached up to {FLAGS.crossover_ms[-1]} ms (or a run failed)"))
+                   + (sized(min(found)) if found else
+                      f"not reached up to {sized(durations[-1])} (or a run failed)"))
   return lines
 
 
@@ -164,7 +164,18 @@ def _validated_args():
     raise UsageError(f"--computations={FLAGS.computations} is not a multiple of "
                      f"--chain_length={FLAGS.chain_length}; e.g. --computations="
                      f"{FLAGS.chain_length * 8}")
-  return hosts
+  return hosts, _crossover_ms()
+
+
+def _crossover_ms() -> list:
+  try:
+    durations = [float(ms) for ms in FLAGS.crossover_ms]
+  except ValueError:
+    durations = []
+  if not durations or not all(ms > 0 for ms in durations):
+    raise UsageError(f"--crossover_ms={','.join(FLAGS.crossover_ms)}: durations are "
+                     "positive milliseconds, e.g. --crossover_ms=0.3,3")
+  return sorted(durations)
 
 
 def main(argv) -> int:
@@ -172,7 +183,7 @@ def main(argv) -> int:
     print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
   try:
-    hosts_list = _validated_args()
+    hosts_list, durations = _validated_args()
     malformed = results.check_appendable(FLAGS.results)
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -195,7 +206,7 @@ def main(argv) -> int:
               and last["status"] == "ok"):
             notes.append(_bare_loop_ratio(spec, last["computations_per_sec"]))
     if FLAGS.crossover:
-      notes += crossover(hosts_list, base)
+      notes += crossover(hosts_list, durations, base)
   except KeyboardInterrupt:
     print(f"error: interrupted; {len(records)} records kept in {FLAGS.results}",
           file=sys.stderr)

@@ -6,7 +6,7 @@ torch.distributed gloo process group (rank = actor index, world = hosts). An act
 holds its devices_per_host int32 scalars as one torch tensor; one computation is the
 local sum, dist.all_reduce(SUM) across actors, then every device value becomes
 sum // num_devices + 1 (micro/__init__.py). With a matmul size, each device slot
-first adds the [0, 0] entry of an n x n float32 matmul of zeros.
+first adds (A @ A)[0, 0] / n (exactly 1) for an n x n float32 matrix A of ones.
 
 Modes (the driver is the client):
   opbyop   one round per computation: every actor's computation.remote(), then
@@ -75,7 +75,8 @@ class Host:
     self._rank, self._hosts = rank, hosts
     self._num_devices = hosts * devices_per_host
     self._x = torch.zeros(devices_per_host, dtype=torch.int32)
-    self._a = torch.zeros(matmul_n, matmul_n, dtype=torch.float32) if matmul_n else None
+    self._a = (torch.full((matmul_n, matmul_n), micro.MATMUL_FILL, dtype=torch.float32)
+               if matmul_n else None)
     self._listener = None
 
   def listen(self) -> int:
@@ -116,7 +117,8 @@ class Host:
     x = self._x
     if self._a is not None:
       for d in range(x.numel()):
-        x[d] += int((self._a @ self._a)[0, 0])
+        # 1 exactly for a full matmul of ones; 0 for a skipped or partial one.
+        x[d] += int((self._a @ self._a)[0, 0] / self._a.shape[0])
     total = x.sum(dtype=self._torch.int32)
     self._dist.all_reduce(total, op=self._dist.ReduceOp.SUM)
     self._x = self._torch.full_like(x, int(total) // self._num_devices + 1)
@@ -201,16 +203,11 @@ class _Bench:
   def _finish(self, refs, computations):
     values = _get(self._ray, refs, self._deadline, f"{self._spec.mode} computations")
     self.done += computations
-    expected = _expected(self.done)
+    expected = micro.expected(self._spec, self.done)
     for rank, devices in enumerate(values):
       for d, value in enumerate(devices):
         micro.check(value, expected, f"ray host {rank} device {d} after "
                     f"{self.done} computations")
-
-
-def _expected(done: int) -> int:
-  """What every device holds after `done` computations from 0."""
-  return done
 
 
 def _get(ray, refs, deadline, what):

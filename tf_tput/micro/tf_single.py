@@ -38,10 +38,11 @@ vs 450 computations/s OpByOp, 1140 vs 1400-1800 Chained, 450 vs 900-1300 Fused. 
 CPU their ring travels the same gRPC RecvTensor path, with more hops per reduction.
 
 Modes. State is one int32 variable per device, x_<task>_<index> (plus, with
-spec.matmul_n, one n x n float32 zeros variable a_<task>_<index> per device, read
+spec.matmul_n, one n x n float32 variable of ones a_<task>_<index> per device, read
 afresh by each computation after the previous one so that no graph optimizer shares
-one matmul between computations). Variables live in the workers' shared resource
-state, as TF1 variables always did; another session on the cluster sees them.
+one matmul between computations; (A @ A)[0, 0] / n, exactly 1, is added to x).
+Variables live in the workers' shared resource state, as TF1 variables always did;
+another session on the cluster sees them.
   opbyop   one call runs a graph of one computation that assigns the new values;
   chained  one call runs a graph of chain_length chained computations, built once,
            that reads the variables and assigns the final values;
@@ -57,9 +58,10 @@ state, as TF1 variables always did; another session on the cluster sees them.
            launch overhead rather than removing it.
 
 Checks and timing. After every repeat (the untimed warmup included) the client reads
-every device's x back and micro.check()s it against the number of computations run so
-far. Each repeat is timed with time.perf_counter around its spec.calls_per_repeat
-calls; a call returns when its step has completed on every worker.
+every device's x back and micro.check()s it against micro.expected() of the number
+of computations run so far. Each repeat is timed with time.perf_counter around its
+spec.calls_per_repeat calls; a call returns when its step has completed on every
+worker.
 
 Timeout. spec.timeout_s bounds the whole run: the servers' start-up waits for it, the
 session's operation_timeout_in_ms (CreateSession, ListDevices, MakeCallable) and each
@@ -166,7 +168,7 @@ class _Program:
           if spec.matmul_n:
             n = spec.matmul_n
             matrices.append(tf.compat.v1.Variable(
-                tf.zeros([n, n], tf.float32), name=variable_name(device, "a")))
+                tf.fill([n, n], micro.MATMUL_FILL), name=variable_name(device, "a")))
       self.init = tf.compat.v1.variables_initializer(xs + matrices)
       self.reads = [x.read_value() for x in xs]
 
@@ -188,7 +190,7 @@ class _Program:
 
 
 def _computation(tf, devices, matrices, values):
-  """x <- sum(x) // num_devices + 1 on every device (+ int(A @ A [0, 0]) first)."""
+  """x <- sum(x) // num_devices + 1 on every device (+ (A @ A)[0, 0] / n first)."""
   if matrices:
     values = [_plus_matmul(tf, x, a, device)
               for x, a, device in zip(values, matrices, devices)]
@@ -206,7 +208,8 @@ def _plus_matmul(tf, x, a, device):
     with tf.control_dependencies([x]):  # a read per computation, after the previous one
       value = a.read_value()
     product = tf.linalg.matmul(value, value)
-    return x + tf.cast(product[0, 0], tf.int32)
+    # 1 exactly for a full matmul of ones; 0 for a skipped or partial one.
+    return x + tf.cast(product[0, 0] / tf.cast(tf.shape(value)[0], tf.float32), tf.int32)
 
 
 def _loop(tf, computation, values, length):
@@ -249,7 +252,8 @@ def _measure(tf, session, program, spec, deadline) -> list:
     options.timeout_in_ms = _remaining_ms(deadline)
     values = session.run(program.reads, options=options)
     for device, value in zip(program.devices, values):
-      micro.check(value, done, f"tf {spec.mode} repeat {repeat} on {device}")
+      micro.check(value, micro.expected(spec, done),
+                  f"tf {spec.mode} repeat {repeat} on {device}")
     if repeat:
       seconds.append(elapsed)
   return seconds

@@ -69,12 +69,16 @@ def _console(train: list, micro: list) -> None:
     print("tokens/s counts non-padding tokens over measured steps (warmup excluded); "
           "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
           "the best peak measured on the same hardware and dtype in these files.")
-  scalar = [r for r in micro if not r["matmul_n"]]  # crossover records: results.csv
+  scalar = [r for r in micro if not r["matmul_n"]]
   if scalar:
     if train:
       print()
     print("computations/s (median over runs [range of timed repeats]):")
     print(_aligned(*tables.micro_table(scalar)))
+  crossover = [r for r in micro if r["matmul_n"]]
+  if crossover:
+    print("\ncrossover (opbyop with a matmul; ms measured: its median time here):")
+    print(_aligned(*tables.crossover_table(crossover)))
 
 
 def write_report(out: str, train: list, micro: list, sources: list, problems: list) -> list:

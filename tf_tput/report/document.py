@@ -94,6 +94,8 @@ def _micro_section(micro: list, plots: dict) -> list:
   if rows:
     out += ["computations/s: median over runs [range of timed repeats].", "",
             tables.markdown(header, rows), ""]
+  else:
+    out += ["No records without a matmul; the crossover's are below.", ""]
   if plots.get("fig5"):
     out += [f"![computations/s against hosts]({plots['fig5']})", ""]
   others = [r for r in micro if r["status"] not in ("ok",)]
@@ -102,9 +104,13 @@ def _micro_section(micro: list, plots: dict) -> list:
     out += [f"- {r['system']} {r['mode']} {r['hosts']} host(s): {r['status']}: "
             f"{r['error']}" for r in others]
     out.append("")
-  if len(scalar) < len(micro):
-    out += [f"{len(micro) - len(scalar)} crossover record(s) (Fig. 6, with a matmul) "
-            "are in results.csv, not in this table.", ""]
+  crossover = [r for r in micro if r["matmul_n"]]
+  if crossover:
+    out += ["## Crossover (Fig. 6 style)", "",
+            "opbyop computations/s with an n x n float32 matmul before each AllReduce, "
+            "sized from one calibrated rate per invocation; `ms measured` is that "
+            "matmul's median time here (numpy), the duration to read the crossover at.",
+            "", tables.markdown(*tables.crossover_table(crossover)), ""]
   return out
 
 

@@ -1,5 +1,5 @@
-"""Tables from result records: the console table, the Table-1 and Fig.-5 tables of
-report.md, and the rows of results.csv.
+"""Tables from result records: the console table, the Table-1, Fig.-5 and Fig.-6
+tables of report.md, and the rows of results.csv.
 
 The spread of a system's tokens/s on one configuration is defined once, in
 tokens_band, and used by every table, plot and comparison.
@@ -245,6 +245,42 @@ def micro_table(records: list) -> tuple:
         row.append(mine[-1]["status"].replace("_", " ") if mine else "not run")
     rows.append(row)
   return ["hosts", "devices"] + [f"{s} {m}" for s, m in columns], rows
+
+
+def crossover_table(records: list) -> tuple:
+  """(header, rows): Fig. 6 as numbers, one row per host count x matmul, with the
+  duration asked for and the one measured here (small matmuls run below the
+  calibrated rate, so the measured one is the x axis that holds), each system's
+  median opbyop computations/s and every other system's share of JAX's."""
+  order = list(micro.SYSTEMS)
+  names = sorted({r["system"] for r in records},
+                 key=lambda s: (order.index(s) if s in order else len(order), s))
+  groups = group(sorted(records, key=lambda r: (r["hosts"], r["devices_per_host"],
+                                                r["computation_ms"] or 0, r["matmul_n"])),
+                 lambda r: (r["hosts"], r["devices_per_host"], r["computation_ms"],
+                            r["matmul_n"]))
+  rows = []
+  for (hosts, per_host, ms, n), runs in groups.items():
+    measured = [r["computation_ms_measured"] for r in runs
+                if r.get("computation_ms_measured") is not None]  # a later field
+    row = [str(hosts), str(hosts * per_host), f"{ms:g}" if ms else "–",
+           f"{statistics.median(measured):.3g}" if measured else "–", str(n)]
+    medians = {}
+    for s in names:
+      ok = [r for r in runs if r["system"] == s and r["status"] == "ok"]
+      mine = [r for r in runs if r["system"] == s]
+      if ok:
+        medians[s] = rate_band(ok)[0]
+      row.append(f"{medians[s]:,.0f}" if ok else
+                 mine[-1]["status"].replace("_", " ") if mine else "not run")
+    row += [f"{100 * medians[s] / medians['jax']:.0f}%"
+            if s in medians and medians.get("jax") else "–"
+            for s in names if s != "jax"]
+    rows.append(row)
+  header = ["hosts", "devices", "ms asked", "ms measured", "matmul n"]
+  header += [f"{s} computations/s" for s in names]
+  header += [f"{s}/jax" for s in names if s != "jax"]
+  return header, rows
 
 
 # --------------------------------------------------------------------------------
