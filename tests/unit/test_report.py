@@ -150,3 +150,23 @@ def test_a_gather_embedding_run_is_not_compared_with_one_hot_mtf():
   old = dict(cheaper)
   del old["embedding"]  # written before records carried it: its own configuration
   assert tables.config_key(old) not in (tables.config_key(same), tables.config_key(cheaper))
+
+
+def _cluster_env(cpu: str, first_port: int) -> dict:
+  from record_fixtures import ENV
+  workers = [{"platform": "cpu", "kind": cpu, "count": 2, "task": i,
+              "address": f"127.0.0.1:{first_port + i}"} for i in range(2)]
+  return dict(ENV, cpu=cpu, accelerators=workers)
+
+
+def test_mfu_at_best_groups_by_machine_not_by_worker_ports():
+  def cluster_run(cpu, port, peak, run_id):
+    return train_record(system="mtf", strategy="multi_worker", num_processes=2,
+                        env=_cluster_env(cpu, port), peak_flops_per_device=peak,
+                        run_id=run_id)
+  here = [cluster_run("Test CPU", 20000, 1e11, "a"), cluster_run("Test CPU", 31000, 2e11, "b")]
+  assert tables.best_peaks(here) == {tables._hardware(here[0]): 2e11 * 4}
+  other = cluster_run("Other CPU", 20000, 3e11, "c")
+  peaks = tables.best_peaks(here + [other])
+  assert len(peaks) == 2 and peaks[tables._hardware(here[0])] == 2e11 * 4
+  assert peaks[tables._hardware(other)] == 3e11 * 4

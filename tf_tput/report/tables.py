@@ -41,7 +41,13 @@ def _ratio(r: dict, baselines: dict) -> str:
 
 
 def _hardware(r: dict) -> tuple:
-  return (r["env"]["cpu"], str(r["env"]["accelerators"]), r["dtype"])
+  """What makes two records the same machine for MFU@best: the CPU model, the
+  accelerators' platform and kind, the devices per worker and the dtype. Never a
+  worker's task or address: a cluster relaunched on other ports is the same machine."""
+  accelerators = r["env"]["accelerators"] or []
+  kinds = tuple(sorted({(a.get("platform"), a.get("kind")) for a in accelerators}))
+  counts = tuple(sorted(a.get("count") or 0 for a in accelerators))
+  return (r["env"]["cpu"], kinds, counts, r["num_devices"], r["dtype"])
 
 
 def best_peaks(records: list) -> dict:
