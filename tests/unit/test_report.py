@@ -58,8 +58,8 @@ def test_table1_ok_failed_missing_and_published():
   header, rows = tables.table1(_fixture_records())
   assert header[7:10] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
   assert "jax/mtf" in header
-  assert header[-3:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
-                         "published Pathways tokens/s (TPUv3)"]
+  assert header[-4:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
+                         "published Pathways tokens/s (TPUv3)", "implied MFU (derived)"]
   by_model = {row[0]: dict(zip(header, row)) for row in rows}
   base = by_model["t5_base"]
   assert base["mtf tokens/s [spread]"].startswith("110 ")  # median of 100 and 120
@@ -67,9 +67,12 @@ def test_table1_ok_failed_missing_and_published():
   assert base["jax/mtf"] == f"{330 / 110:.2f}x"
   assert (base["published TPUv3 cores"], base["published JAX tokens/s (TPUv3)"],
           base["published Pathways tokens/s (TPUv3)"]) == ("32", "618,000", "618,000")
+  assert base["implied MFU (derived)"] == (
+      f"{100 * published.implied_mfu('t5_base', 618000, 32):.1f}%")
   small = by_model["t5_small"]
   assert small["jax tokens/s [spread]"] == "failed" and small["jax runs"] == "0 (1 failed)"
   assert small["jax/mtf"] == "–" and small["published TPUv3 cores"] == "–"
+  assert small["implied MFU (derived)"] == "–"
   assert by_model["decoder_tiny"]["mtf tokens/s [spread]"] == "not run"
 
 
@@ -133,6 +136,8 @@ def test_report_markdown_sections():
                  "### Failed runs", "t5_small jax float32", "step 3: boom",
                  "## Dispatch micro-benchmarks (Fig. 5 style)", "ray opbyop 1 host(s): skipped",
                  "## Published figures", published.CITATION, "## Conventions",
+                 "| Pathways tokens/s | implied MFU (derived) |", "| 125,700 | 33.0% |",
+                 "decoder_3b at 1024 tokens (gin/suites/table2_paper.gin)",
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle
   assert "![step times" not in text  # not drawn, so not linked
@@ -170,3 +175,14 @@ def test_mfu_at_best_groups_by_machine_not_by_worker_ports():
   peaks = tables.best_peaks(here + [other])
   assert len(peaks) == 2 and peaks[tables._hardware(here[0])] == 2e11 * 4
   assert peaks[tables._hardware(other)] == 3e11 * 4
+
+
+def test_implied_mfu_of_table2_spmd_by_hand():
+  # decoder_3b at table2_paper.gin's 1024 tokens, per token, forward, per layer:
+  # q/k/v/o 2*4*2048*2048 + scores and values 2*2*1024*2048 + FFN 2*2*2048*8192
+  # = 33,554,432 + 8,388,608 + 67,108,864 = 109,051,904; 62 layers + logits
+  # 2*2048*32128 = 6,761,218,048 + 131,596,288 = 6,892,814,336; x 3 for training.
+  flops, inputs, targets = published.paper_flops_per_token("decoder_3b")
+  assert (flops, inputs, targets) == (3 * 6_892_814_336, None, 1024)
+  # 125,700 tokens/s x 20,678,443,008 FLOPs / (128 cores x 61.5e12) = 0.33019...
+  assert published.implied_mfu("decoder_3b", 125700, 128) == pytest.approx(0.330193, abs=1e-6)
