@@ -9,12 +9,11 @@ milliseconds, before TensorFlow or JAX start.
 import contextlib
 import dataclasses
 import importlib.util  # noqa: F401  gin 0.5 needs it loaded to report a missing include
+import logging
 import pathlib
 import re
 import tokenize
 from typing import Optional, Sequence
-
-import logging
 
 import gin
 
