@@ -50,6 +50,10 @@ flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait fo
                    "every worker to answer before giving up.")
 flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, grpc://host:8470, or local "
                     "(on a TPU VM).")
+flags.DEFINE_string("tpu_type", None, "TPU generation for the MFU peak (v2, v3, v4, v5e, "
+                    "v5p; an accelerator type such as v3-32 also works) where the run "
+                    "cannot tell it: --tpu=local or an address (mtf), or to override the "
+                    "device kind JAX reports. Only on TPUs.")
 flags.DEFINE_string("tpu_zone", None, "tpu: its GCP zone (unset: from the metadata).")
 flags.DEFINE_string("gcp_project", None, "tpu: its GCP project (unset: from the metadata).")
 flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
@@ -63,7 +67,7 @@ FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warm
                  "global_batch": "TrainConfig.global_batch"}
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
-             "log_every", "cluster_timeout_s", "tpu", "tpu_zone", "gcp_project")
+             "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project")
 
 
 def _bindings() -> list:
@@ -154,6 +158,12 @@ def _check_strategy(experiment):
     cluster.check_port_free(chief)
   tpu_flags = {"tpu": FLAGS.tpu, "tpu_zone": FLAGS.tpu_zone,
                "gcp_project": FLAGS.gcp_project}
+  if FLAGS.tpu_type:
+    from tf_tput.runtime import tpu
+    tpu.kind_from_type(FLAGS.tpu_type)
+    if strategy != "tpu" and FLAGS.system != "jax":
+      raise UsageError(f"--tpu_type applies to TPUs: --strategy=tpu, or --system=jax on "
+                       f"a TPU host; not --system={FLAGS.system} --strategy={strategy}")
   if strategy != "tpu":
     given = [name for name, value in tpu_flags.items() if value]
     if given:
@@ -212,6 +222,13 @@ def _resolve_devices(system, experiment, tpu_address):
                                   FLAGS.cluster_timeout_s, tpu_address)
   config.validate(experiment, num_devices=topology.num_devices,
                   num_processes=num_processes)
+  if FLAGS.tpu_type:
+    if topology.platform != "tpu":
+      raise UsageError(f"--tpu_type={FLAGS.tpu_type} names a TPU but this run's devices "
+                       f"are {topology.platform} ({topology.device_kind}); drop the flag")
+    from tf_tput.runtime import tpu
+    # The kind the peak table reads, where the Cloud TPU API could not tell it.
+    topology = dataclasses.replace(topology, device_kind=tpu.kind_from_type(FLAGS.tpu_type))
   return topology
 
 

@@ -57,12 +57,14 @@ def _fails(tmp_path, *args, expect: str):
      "--strategy=tpu trains in bfloat16 activations"),
     ((TINY, "--gin_param=ModelConfig.embedding = 'gather'"),
      "--system=mtf computes only one_hot"),
+    ((TINY, "--tpu_type=v9"), "--tpu_type=v9 is not a TPU generation"),
+    ((TINY, "--tpu_type=v3"), "--tpu_type applies to TPUs"),
 ], ids=["unknown-binding", "unknown-gin-file", "mesh-vs-devices", "batch-divisibility",
         "heads-divisibility", "d_ff-divisibility", "vocab-divisibility", "steps-zero",
         "warmup-zero", "unknown-system", "log-every-zero", "gin-syntax",
         "layout-twice", "no-model", "strategy-for-jax", "cpu-devices-in-a-cluster",
         "cluster-timeout-zero", "tpu-flag-locally", "tpu-without-address", "tpu-float32",
-        "gather-on-mtf"])
+        "gather-on-mtf", "tpu-type-unknown", "tpu-type-on-cpu-mtf"])
 def test_bad_request_fails_fast_with_one_line(tmp_path, args, expect):
   _fails(tmp_path, *args, expect=expect)
 

@@ -162,3 +162,26 @@ def test_each_replica_is_fed_only_its_batch_slice():
   for f in built.feeds:
     expected = rows[f.begin[0]:f.begin[0] + batch // 4]
     assert (fed[f.placeholder] == (expected + (100 if f.feature == "targets" else 0))).all()
+
+
+@pytest.mark.parametrize("tpu_type,kind,peak_key", [
+    ("v3", "TPU v3", "tpu_v3"), ("v3-32", "TPU v3", "tpu_v3"), ("V4", "TPU v4", "tpu_v4"),
+    ("v5e", "TPU v5e", "tpu_v5e"), ("v5p-128", "TPU v5p", "tpu_v5p")])
+def test_tpu_type_gives_a_kind_the_peak_table_knows(tpu_type, kind, peak_key):
+  from tf_tput.measure import peak
+  assert tpu.kind_from_type(tpu_type) == kind
+  assert peak.table_peak(kind, "bfloat16") == (
+      peak.PEAK_FLOPS[(peak_key, "bfloat16")], f"table:{peak_key}:bfloat16")
+
+
+@pytest.mark.parametrize("tpu_type", ["v9", "h100", "tpu", ""])
+def test_an_unknown_tpu_type_names_the_known_ones(tpu_type):
+  with pytest.raises(UsageError, match=r"--tpu_type=.* use one of v2, v3, v4, v5e, v5p"):
+    tpu.kind_from_type(tpu_type)
+
+
+def test_without_an_api_answer_the_kind_is_unknown_and_gets_no_peak():
+  from tf_tput.measure import peak
+  kind = tpu.accelerator_kind(object())  # a resolver with no Cloud TPU client
+  assert kind.startswith("TPU (type unknown")
+  assert peak.table_peak(kind, "bfloat16")[0] is None  # hence --tpu_type

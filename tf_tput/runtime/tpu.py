@@ -44,6 +44,18 @@ def address_from_flags(tpu, tpu_zone, gcp_project) -> TpuAddress:
   return TpuAddress(tpu, tpu_zone, gcp_project)
 
 
+def kind_from_type(tpu_type: str) -> str:
+  """--tpu_type (v3, v4, v5e, ... or an accelerator type such as v3-32) -> the device
+  kind the peak table knows ("TPU v3"), checked before any framework starts."""
+  from tf_tput.measure import peak
+  known = sorted(key[len("tpu_"):] for key, _ in peak.PEAK_FLOPS if key.startswith("tpu_"))
+  generation = tpu_type.lower().split("-")[0]
+  if generation not in known:
+    raise UsageError(f"--tpu_type={tpu_type} is not a TPU generation the peak table "
+                     f"knows; use one of {', '.join(known)}")
+  return f"TPU {generation}"
+
+
 def cluster_resolver(address: TpuAddress):
   """TPUClusterResolver for the address (a name is looked up through the Cloud TPU API)."""
   import tensorflow as tf

@@ -33,6 +33,17 @@ def partition_spec(dim_names, layout: dict, mesh_axes):
   return PartitionSpec(*spec)
 
 
+def device_mesh(mesh_shape: tuple, devices: list) -> np.ndarray:
+  """The devices arranged as the mesh. On TPUs in the order of the chips' physical
+  torus (mesh_utils.create_device_mesh), so the innermost mesh axes, which carry the
+  most traffic, map to neighbouring chips; elsewhere in jax.devices() order, which is
+  process-major, so each launched process's devices stay contiguous."""
+  if devices and devices[0].platform == "tpu":
+    from jax.experimental import mesh_utils
+    return mesh_utils.create_device_mesh(mesh_shape, devices)
+  return np.asarray(devices).reshape(mesh_shape)
+
+
 class JaxTrainer:
   """Parameters and Adafactor state sharded over a Mesh; step() runs one jitted update."""
 
@@ -44,7 +55,7 @@ class JaxTrainer:
     self._jax = jax
     m = experiment.model
     mesh_shape = experiment.mesh_shape
-    devices = np.asarray(jax.devices()).reshape(tuple(mesh_shape.values()))
+    devices = device_mesh(tuple(mesh_shape.values()), jax.devices())
     self._mesh = Mesh(devices, tuple(mesh_shape))
     layout = experiment.layout
 
