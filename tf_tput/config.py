@@ -6,8 +6,10 @@ not match the devices or a dimension its mesh axis does not divide fails in
 milliseconds, before TensorFlow or JAX start.
 """
 
+import contextlib
 import dataclasses
 import importlib.util  # noqa: F401  gin 0.5 needs it loaded to report a missing include
+import logging
 import pathlib
 import re
 import tokenize
@@ -154,6 +156,20 @@ def _parse(what: str, parse) -> None:
   except (ValueError, SyntaxError, IOError, AttributeError, tokenize.TokenError) as e:
     raise UsageError(f"gin: {what}: {errors.one_line(e)}; check it against the configurables "
                      "in tf_tput/config.py") from None
+
+
+@contextlib.contextmanager
+def quiet_include_probes():
+  """gin probes each include (gin/models/t5_common.gin) as a Python-path resource
+  before its search path and logs a miss at ERROR on the root logger: from outside
+  the repository, stray lines although the include is then found. Silences them."""
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    root.setLevel(level)
 
 
 def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> Experiment:

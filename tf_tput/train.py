@@ -291,9 +291,9 @@ def run() -> int:
   logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
                experiment.model.name, system.name, topology.num_devices,
                topology.platform, topology.num_processes)
-  # Only the writer measures the peak: the processes share this host's cores.
-  peak, peak_source = (peak_lib.peak(topology, experiment.model.activation_dtype)
-                       if writes_record else (None, "not measured on this process"))
+  # Only the writer measures the peak, the others waiting: they share this host's cores.
+  peak, peak_source = peak_lib.probe_alone(topology, experiment.model.activation_dtype,
+                                           probes=writes_record)
   outcome = _train(system, experiment, topology, writes_record, run_id)
   if not writes_record:
     return 1 if outcome.measurement.error else 0

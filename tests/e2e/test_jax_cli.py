@@ -53,6 +53,9 @@ def test_two_launched_processes_share_one_mesh(tmp_path):
   assert record["strategy"] == "multi_process"
   assert record["tokens_per_step"] == 8 * 128  # the whole global batch, not one part
   assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
+  # Process 0 probed the peak between two barriers; its record holds the measured one.
+  assert record["peak_source"].startswith("measured: jax 2048x2048 float32")
+  assert record["peak_flops_per_device"] > 0 and record["mfu"] > 0
 
 
 # On one device the same parity is asserted in-process (tests/unit/test_jax_model.py);

@@ -76,3 +76,35 @@ def test_the_probe_runs_a_checked_matmul(framework, monkeypatch):
                       lambda corner, n, where: seen.append((float(corner), n)))
   peak_lib.matmul_runner(topology, 32, "float32")()
   assert seen == [(32.0, 32)]
+
+
+def _probe_order(monkeypatch, topology, probes: bool) -> tuple:
+  """(events in order, probe_alone's result) with the barrier and peak() recorded."""
+  from jax.experimental import multihost_utils
+  events = []
+  monkeypatch.setattr(multihost_utils, "sync_global_devices", events.append)
+  monkeypatch.setattr(peak_lib, "peak", lambda t, d: events.append(f"peak {d}") or
+                      (7.0, "measured: fake"))
+  return events, peak_lib.probe_alone(topology, "float32", probes)
+
+
+def test_launched_jax_processes_wait_around_the_probe(monkeypatch):
+  from tf_tput.runtime.topology import Topology
+  launched = Topology("jax", "cpu", ("a", "b", "c", "d"), "Test CPU", num_processes=2,
+                      strategy="multi_process")
+  events, result = _probe_order(monkeypatch, launched, probes=True)
+  assert events == ["before the peak probe", "peak float32", "after the peak probe"]
+  assert result == (7.0, "measured: fake")
+  # The other processes meet the same two barriers and measure nothing.
+  events, result = _probe_order(monkeypatch, launched, probes=False)
+  assert events == ["before the peak probe", "after the peak probe"]
+  assert result == (None, peak_lib.NOT_PROBED)
+
+
+def test_one_process_and_tf_clusters_probe_without_a_barrier(monkeypatch):
+  from tf_tput.runtime.topology import Topology
+  for topology in (Topology("jax", "cpu", ("a",), "Test CPU"),
+                   Topology("tf", "cpu", ("a", "b"), "Test CPU", num_processes=2,
+                            strategy="multi_worker")):
+    events, result = _probe_order(monkeypatch, topology, probes=True)
+    assert events == ["peak float32"] and result == (7.0, "measured: fake")

@@ -58,8 +58,8 @@ def test_table1_ok_failed_missing_and_published():
   header, rows = tables.table1(_fixture_records())
   assert header[7:10] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
   assert "jax/mtf" in header
-  assert header[-3:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
-                         "published Pathways tokens/s (TPUv3)"]
+  assert header[-4:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
+                         "published Pathways tokens/s (TPUv3)", "implied MFU (derived)"]
   by_model = {row[0]: dict(zip(header, row)) for row in rows}
   base = by_model["t5_base"]
   assert base["mtf tokens/s [spread]"].startswith("110 ")  # median of 100 and 120
@@ -67,9 +67,12 @@ def test_table1_ok_failed_missing_and_published():
   assert base["jax/mtf"] == f"{330 / 110:.2f}x"
   assert (base["published TPUv3 cores"], base["published JAX tokens/s (TPUv3)"],
           base["published Pathways tokens/s (TPUv3)"]) == ("32", "618,000", "618,000")
+  assert base["implied MFU (derived)"] == (
+      f"{100 * published.implied_mfu('t5_base', 618000, 32):.1f}%")
   small = by_model["t5_small"]
   assert small["jax tokens/s [spread]"] == "failed" and small["jax runs"] == "0 (1 failed)"
   assert small["jax/mtf"] == "–" and small["published TPUv3 cores"] == "–"
+  assert small["implied MFU (derived)"] == "–"
   assert by_model["decoder_tiny"]["mtf tokens/s [spread]"] == "not run"
 
 
@@ -158,6 +161,8 @@ def test_report_markdown_sections():
                  "## Dispatch micro-benchmarks (Fig. 5 style)", "ray opbyop 1 host(s): skipped",
                  "## Crossover (Fig. 6 style)", "| 1 | 2 | 3 | 3.4 | 90 | 300 |",
                  "## Published figures", published.CITATION, "## Conventions",
+                 "| Pathways tokens/s | implied MFU (derived) |", "| 125,700 | 33.0% |",
+                 "decoder_3b at 1024 tokens (gin/suites/table2_paper.gin)",
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle
   assert "![step times" not in text  # not drawn, so not linked
@@ -175,3 +180,34 @@ def test_a_gather_embedding_run_is_not_compared_with_one_hot_mtf():
   old = dict(cheaper)
   del old["embedding"]  # written before records carried it: its own configuration
   assert tables.config_key(old) not in (tables.config_key(same), tables.config_key(cheaper))
+
+
+def _cluster_env(cpu: str, first_port: int) -> dict:
+  from record_fixtures import ENV
+  workers = [{"platform": "cpu", "kind": cpu, "count": 2, "task": i,
+              "address": f"127.0.0.1:{first_port + i}"} for i in range(2)]
+  return dict(ENV, cpu=cpu, accelerators=workers)
+
+
+def test_mfu_at_best_groups_by_machine_not_by_worker_ports():
+  def cluster_run(cpu, port, peak, run_id):
+    return train_record(system="mtf", strategy="multi_worker", num_processes=2,
+                        env=_cluster_env(cpu, port), peak_flops_per_device=peak,
+                        run_id=run_id)
+  here = [cluster_run("Test CPU", 20000, 1e11, "a"), cluster_run("Test CPU", 31000, 2e11, "b")]
+  assert tables.best_peaks(here) == {tables._hardware(here[0]): 2e11 * 4}
+  other = cluster_run("Other CPU", 20000, 3e11, "c")
+  peaks = tables.best_peaks(here + [other])
+  assert len(peaks) == 2 and peaks[tables._hardware(here[0])] == 2e11 * 4
+  assert peaks[tables._hardware(other)] == 3e11 * 4
+
+
+def test_implied_mfu_of_table2_spmd_by_hand():
+  # decoder_3b at table2_paper.gin's 1024 tokens, per token, forward, per layer:
+  # q/k/v/o 2*4*2048*2048 + scores and values 2*2*1024*2048 + FFN 2*2*2048*8192
+  # = 33,554,432 + 8,388,608 + 67,108,864 = 109,051,904; 62 layers + logits
+  # 2*2048*32128 = 6,761,218,048 + 131,596,288 = 6,892,814,336; x 3 for training.
+  flops, inputs, targets = published.paper_flops_per_token("decoder_3b")
+  assert (flops, inputs, targets) == (3 * 6_892_814_336, None, 1024)
+  # 125,700 tokens/s x 20,678,443,008 FLOPs / (128 cores x 61.5e12) = 0.33019...
+  assert published.implied_mfu("decoder_3b", 125700, 128) == pytest.approx(0.330193, abs=1e-6)

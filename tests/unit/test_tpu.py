@@ -85,6 +85,85 @@ def test_tpus_get_the_simd_mesh_implementation_other_devices_the_placement_one()
   assert impl.devices == list(on_cpu.devices)
 
 
+def _v3_8_simd_impl(mesh_shape: str, layout: str):
+  """mtf's SimdMeshImpl for this mesh on the constructed v3-8, as mtf_model builds it."""
+  from tf_tput import compat
+  mtf, _ = compat.import_mtf()
+  if not flags.FLAGS.is_parsed():  # mtf's 4-D -> 3-D physical shape reads --fold_xy
+    flags.FLAGS.mark_as_parsed()
+  experiment = config.load_experiment(["gin/models/t5_tiny.gin"], [
+      f"MeshConfig.mesh_shape = '{mesh_shape}'", f"MeshConfig.layout = '{layout}'"])
+  on_tpu = topology.Topology("tf", "tpu", tuple(f"tpu{i}" for i in range(8)), "TPU v3",
+                             strategy="tpu",
+                             handles={"device_assignment": tpu.device_assignment(
+                                 tf, _v3_8(), 8)})
+  return mtf, experiment, on_tpu, mtf_model.mesh_impl(mtf, experiment, on_tpu)
+
+
+LAYOUT = "batch:batch;d_ff:model;heads:model;vocab:model"
+
+
+@pytest.mark.parametrize("mesh_shape, layout", [
+    ("batch:4;model:2", LAYOUT),
+    ("batch:2;model:4", LAYOUT),
+    ("batch:8", LAYOUT),
+    ("model:2;batch:4", LAYOUT),          # batch on the second mesh axis
+    ("model:8", "d_ff:model"),            # batch on no axis: every replica whole
+])
+@pytest.mark.parametrize("order", ["v3-8", "reversed"])
+def test_replica_slices_are_mtf_simd_slicing(mesh_shape, layout, order):
+  from tf_tput.systems import mtf_tpu
+  mtf, experiment, _, impl = _v3_8_simd_impl(mesh_shape, layout)
+  logical_to_physical = [impl.l2p(p) for p in range(8)]
+  if order == "reversed":  # any permutation: the slice follows the replica's pnum
+    logical_to_physical = logical_to_physical[::-1]
+    impl = mtf.simd_mesh_impl.SimdMeshImpl(impl.shape, impl.layout_rules,
+                                           logical_to_physical=logical_to_physical)
+  dims = (("batch", 8), ("length", 16))
+  shape, begins = mtf_tpu.replica_slices(experiment.mesh_shape, experiment.layout,
+                                         logical_to_physical, dims)
+  mtf_shape = mtf.Shape([mtf.Dimension(n, s) for n, s in dims])
+  assert list(shape) == impl.slice_shape(mtf_shape)
+  # Replica r computes logical processor p2l(r) (SimdMeshImpl's pnum_tensor).
+  assert [list(b) for b in begins] == [impl.slice_begin(mtf_shape, impl.p2l(r))
+                                       for r in range(8)]
+  split = experiment.mesh_shape.get("batch", 1)
+  assert shape == (8 // split, 16)
+  assert sorted({b[0] for b in begins}) == list(range(0, 8, 8 // split))
+
+
+def test_the_v3_8_order_is_not_the_listing_order():
+  # Otherwise the slicing test above could pass with replicas in mesh order.
+  _, _, _, impl = _v3_8_simd_impl("batch:4;model:2", LAYOUT)
+  assert [impl.l2p(p) for p in range(8)] != list(range(8))
+
+
+def test_each_replica_is_fed_only_its_batch_slice():
+  """The TPU trainer's graph (built on the CPU: tpu.replicate needs the assignment,
+  not the TPU): one placeholder per distinct slice, wired to the replicas that hold it."""
+  from tf_tput.systems import mtf_tpu
+  _, experiment, on_tpu, impl = _v3_8_simd_impl("batch:4;model:2", LAYOUT)
+  built = mtf_tpu.build_graph(experiment, on_tpu)
+  batch, length = experiment.train.global_batch, experiment.data.targets_length
+  _, begins = mtf_tpu.replica_slices(experiment.mesh_shape, experiment.layout,
+                                     [impl.l2p(p) for p in range(8)],
+                                     (("batch", batch), ("length", length)))
+  assert len(built.feeds) == 2 * 4  # inputs, targets x 4 batch slices
+  assert all(f.placeholder.shape.as_list() == [batch // 4, length] for f in built.feeds)
+  assert [[f.begin for f in mine] for mine in built.replica_feeds] == [[b, b] for b in begins]
+  # tpu.replicate's per-replica inputs are exactly those placeholders, in replica order.
+  replicated = [op for op in built.graph.get_operations() if op.type == "TPUReplicatedInput"
+                and op.inputs[0].op.type == "Placeholder"]
+  wired = sorted([i.op.name for i in op.inputs] for op in replicated)
+  assert wired == sorted([mine[k].placeholder.op.name for mine in built.replica_feeds]
+                         for k in range(2))
+  rows = np.arange(batch)[:, None] * np.ones((1, length), np.int32)
+  fed = built.feed_dict({"inputs": rows, "targets": rows + 100})
+  for f in built.feeds:
+    expected = rows[f.begin[0]:f.begin[0] + batch // 4]
+    assert (fed[f.placeholder] == (expected + (100 if f.feature == "targets" else 0))).all()
+
+
 @pytest.mark.parametrize("tpu_type,kind,peak_key", [
     ("v3", "TPU v3", "tpu_v3"), ("v3-32", "TPU v3", "tpu_v3"), ("V4", "TPU v4", "tpu_v4"),
     ("v5e", "TPU v5e", "tpu_v5e"), ("v5p-128", "TPU v5p", "tpu_v5p")])

@@ -125,3 +125,28 @@ def peak(topology, dtype: str) -> tuple:
   source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
             f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {sharing} virtual device(s)")
   return whole_cpu / sharing, source
+
+
+NOT_PROBED = "not measured on this process"
+
+
+def probe_alone(topology, dtype: str, probes: bool) -> tuple:
+  """peak() in the one process that probes, while no other process computes.
+
+  The processes of tf_tput.launch --num_processes share this host's cores: a peer
+  still compiling its trainer would slow the probe's matmuls and understate the
+  peak. So every JAX process waits at a barrier before the probe and another after
+  it, and only then builds its trainer. TF multi_worker needs none: only the chief
+  runs train and builds the graph; the workers are tf.distribute servers that run
+  nothing but what the chief's session sends them, and the chief probes before it
+  builds the trainer.
+  Returns (None, NOT_PROBED) in the processes that do not probe.
+  """
+  barrier = topology.framework == "jax" and topology.num_processes > 1
+  if barrier:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("before the peak probe")
+  result = peak(topology, dtype) if probes else (None, NOT_PROBED)
+  if barrier:
+    multihost_utils.sync_global_devices("after the peak probe")
+  return result

@@ -3,6 +3,7 @@ versions and hardware, for the records of one or more result files."""
 
 import datetime
 
+from tf_tput.measure import peak as peak_lib
 from tf_tput.report import published, tables
 
 CONVENTIONS = [
@@ -31,13 +32,37 @@ CONVENTIONS = [
 ]
 
 
+def _implied_note() -> str:
+  by_suite = tables.group(published.PAPER_SUITES, published.PAPER_SUITES.get)
+  lengths = "; ".join(f"{', '.join(models)} at {_lengths(models[0])} (gin/suites/{suite}.gin)"
+                      for suite, models in by_suite.items())
+  key = published.TPU_PEAK_KEY
+  return (f"{tables.IMPLIED_MFU} is this report's arithmetic, not the paper's: "
+          "published tokens/s × model FLOPs per token (the convention below) / (TPUv3 "
+          f"cores × {peak_lib.PEAK_FLOPS[key] / 1e12:g} TFLOP/s, the {key[1]} peak of a "
+          f"{key[0]} core). The paper states no sequence lengths; the FLOPs per token are "
+          f"at those the paper suites chose ({lengths}), and other lengths give another "
+          "MFU.")
+
+
+def _lengths(model: str) -> str:
+  _, inputs, targets = published.paper_flops_per_token(model)
+  return (f"{inputs}/{targets} input/target tokens" if inputs
+          else f"{targets} tokens")
+
+
 def _published_section() -> list:
+  implied = lambda model, tps, cores: tables.percent(published.implied_mfu(model, tps, cores))
   t1 = tables.markdown(
-      ["model", "params (published)", "TPUv3 cores", "JAX tokens/s", "Pathways tokens/s"],
-      [[m, p, c, f"{j:,}", f"{pw:,}"] for m, (p, c, j, pw) in published.TABLE1_T5.items()])
+      ["model", "params (published)", "TPUv3 cores", "JAX tokens/s", "Pathways tokens/s",
+       tables.IMPLIED_MFU],
+      [[m, p, c, f"{j:,}", f"{pw:,}", implied(m, pw, c)]
+       for m, (p, c, j, pw) in published.TABLE1_T5.items()])
   t2 = tables.markdown(
-      ["configuration", "stages", "micro-batches", "TPUv3 cores", "Pathways tokens/s"],
-      [[c, s or "–", m or "–", cores, f"{tps:,}"]
+      ["configuration", "stages", "micro-batches", "TPUv3 cores", "Pathways tokens/s",
+       tables.IMPLIED_MFU],
+      [[c, s or "–", m or "–", cores, f"{tps:,}",
+        implied(published.TABLE2_MODEL, tps, cores)]
        for c, s, m, cores, tps in published.TABLE2_DECODER_3B])
   f6 = "; ".join(f"{h} hosts ({t} TPUs, configuration {c}): {ms} ms"
                  for h, t, c, ms in published.FIG6_CROSSOVER_MS)
@@ -45,7 +70,7 @@ def _published_section() -> list:
           f"From {published.CITATION}, measured on {published.HARDWARE}; the paper does "
           "not state batch sizes or sequence lengths for Table 1. They are another "
           "machine's numbers at another scale: compare shapes and ratios, not values.",
-          "", "Table 1 (T5 training throughput):", "", t1, "",
+          "", _implied_note(), "", "Table 1 (T5 training throughput):", "", t1, "",
           f"Table 2 (3B decoder-only LM, `{published.TABLE2_MODEL}`):", "", t2, "",
           f"Fig. 6 (smallest computation at which Pathways matches JAX): {f6}.", "",
           published.FIG5_NOTE, ""]

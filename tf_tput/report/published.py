@@ -8,8 +8,11 @@ arXiv PDF before quoting). The package reads nothing outside the repository at r
 time; tests/unit/test_report.py checks this copy against that file where it exists.
 
 They were measured on TPUv3 at the device counts given here, so reports print them
-in their own columns, labelled, never as a ratio against local runs.
+in their own columns, labelled, never as a ratio against local runs. implied_mfu
+derives what each figure means as MFU under this project's FLOPs convention.
 """
+
+import functools
 
 CITATION = ("Barham et al., Pathways: Asynchronous Distributed Dataflow for ML, "
             "MLSys 2022, arXiv:2203.12533")
@@ -59,3 +62,35 @@ def table_row(model: str):
     _, _, _, cores, tps = TABLE2_DECODER_3B[0]
     return "Table 2, SPMD", cores, None, tps
   return None
+
+
+# The suites that set the paper's runs up at its scale choose the sequence lengths the
+# paper does not state; implied MFU uses the same ones.
+PAPER_SUITES = {**{model: "table1_paper" for model in TABLE1_T5},
+                TABLE2_MODEL: "table2_paper"}
+TPU_PEAK_KEY = ("tpu_v3", "bfloat16")  # the paper's chips, trained in bfloat16
+
+
+@functools.lru_cache(maxsize=None)
+def paper_flops_per_token(model: str) -> tuple:
+  """(model FLOPs per token, inputs_length, targets_length) of a published model at
+  the lengths its paper suite binds (gin files only; no framework is imported)."""
+  from tf_tput import config, models, suite
+
+  matrix = next(m for m in suite.load(PAPER_SUITES[model]).matrices if model in m.models)
+  with config.quiet_include_probes():
+    experiment = config.load_experiment([f"gin/models/{model}.gin"], matrix.gin_params)
+  data = experiment.data
+  return (models.model_flops_per_token(experiment.model, data.inputs_length,
+                                       data.targets_length),
+          data.inputs_length if experiment.model.arch == "encoder_decoder" else None,
+          data.targets_length)
+
+
+def implied_mfu(model: str, tokens_per_sec: float, cores: int) -> float:
+  """A published figure as MFU on TPUv3: tokens/s x model FLOPs per token (this
+  project's convention, at the paper suite's lengths) / (cores x peak per core)."""
+  from tf_tput.measure import peak
+
+  return (tokens_per_sec * paper_flops_per_token(model)[0]
+          / (cores * peak.PEAK_FLOPS[TPU_PEAK_KEY]))

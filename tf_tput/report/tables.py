@@ -41,7 +41,13 @@ def _ratio(r: dict, baselines: dict) -> str:
 
 
 def _hardware(r: dict) -> tuple:
-  return (r["env"]["cpu"], str(r["env"]["accelerators"]), r["dtype"])
+  """What makes two records the same machine for MFU@best: the CPU model, the
+  accelerators' platform and kind, the devices per worker and the dtype. Never a
+  worker's task or address: a cluster relaunched on other ports is the same machine."""
+  accelerators = r["env"]["accelerators"] or []
+  kinds = tuple(sorted({(a.get("platform"), a.get("kind")) for a in accelerators}))
+  counts = tuple(sorted(a.get("count") or 0 for a in accelerators))
+  return (r["env"]["cpu"], kinds, counts, r["num_devices"], r["dtype"])
 
 
 def best_peaks(records: list) -> dict:
@@ -181,16 +187,26 @@ def systems_in(records: list) -> list:
   return sorted(names, key=lambda s: s != BASELINE_SYSTEM)
 
 
+# A published figure's MFU is derived here, not published: the label says so.
+IMPLIED_MFU = "implied MFU (derived)"
+
+
+def percent(fraction: float) -> str:
+  return f"{100 * fraction:.1f}%"
+
+
 def table1(records: list) -> tuple:
   """(header, rows): one row per configuration, per system its tokens/s with spread
-  and MFU, each system's ratio to the baseline, then the published figures."""
+  and MFU, each system's ratio to the baseline, then the published figures and the
+  MFU they imply on TPUv3 (published.implied_mfu; Pathways' figure, which Table 1's
+  JAX figure equals)."""
   names = systems_in(records)
   header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch"]
   for s in names:
     header += [f"{s} tokens/s [spread]", f"{s} MFU", f"{s} runs"]
   header += [f"{s}/{BASELINE_SYSTEM}" for s in names if s != BASELINE_SYSTEM]
   header += ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
-             "published Pathways tokens/s (TPUv3)"]
+             "published Pathways tokens/s (TPUv3)", IMPLIED_MFU]
   by_config = group(records, row_key)
   rows = []
   for runs in by_config.values():
@@ -217,8 +233,9 @@ def table1(records: list) -> tuple:
         row.append(f"{medians[s] / medians[BASELINE_SYSTEM]:.2f}x"
                    if s in medians and BASELINE_SYSTEM in medians else "–")
     pub = published.table_row(first["model"])
-    row += ([str(pub[1]), f"{pub[2]:,}" if pub[2] else "–", f"{pub[3]:,}"] if pub
-            else ["–", "–", "–"])
+    row += ([str(pub[1]), f"{pub[2]:,}" if pub[2] else "–", f"{pub[3]:,}",
+             percent(published.implied_mfu(first["model"], pub[3], pub[1]))] if pub
+            else ["–", "–", "–", "–"])
     rows.append(row)
   return header, rows
 

@@ -17,7 +17,6 @@ already succeeded and a rerun of the suite skips them; a record without a key
 
 import dataclasses
 import itertools
-import logging
 import pathlib
 import sys
 from typing import Optional, Sequence
@@ -286,21 +285,14 @@ def validate(run: Run) -> str:
   what it would train (tf_tput.models arithmetic). UsageError names the run."""
   if run.module != TRAIN_MODULE:
     return " ".join(run.args("...")[:-1])
-  # gin probes each include (gin/models/t5_common.gin) as a Python-path resource
-  # before its search path and logs a miss at ERROR on the root logger: from outside
-  # the repository, two stray lines per run although the include is then found.
-  root = logging.getLogger()
-  level = root.level
-  root.setLevel(logging.CRITICAL)
   try:
-    experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
+    with config.quiet_include_probes():
+      experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
     systems.check_experiment(run.flags["system"], experiment)
     if "num_cpu_devices" in run.flags:
       config.validate(experiment, num_devices=run.flags["num_cpu_devices"])
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
-  finally:
-    root.setLevel(level)
   try:
     topology.check_strategy(run.flags["system"], run.strategy, experiment,
                             run.flags.get("num_cpu_devices"))
