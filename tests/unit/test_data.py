@@ -242,3 +242,23 @@ def test_tfds_missing_text_key(mock_lm1b):
        "DataConfig.text_key = 'body'"])
   with pytest.raises(data.UsageError, match="body"):
     next(data.batches(e))
+
+
+def test_prefetched_batches_come_in_order_and_the_sources_error_is_raised():
+  def source():
+    yield from ({"targets": np.full((1, 2), i, np.int32)} for i in range(3))
+    raise ValueError("dataset broke")
+  batches = data.Prefetched(source(), depth=2)
+  try:
+    assert [int(next(batches)["targets"][0, 0]) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="dataset broke"):
+      next(batches)
+  finally:
+    batches.close()
+
+
+def test_synthetic_batches_are_a_ring_of_distinct_batches():
+  e = _experiment("t5_tiny")
+  ring = list(itertools.islice(data.batches(e, count=3), 6))
+  assert ring[3] is ring[0] and ring[4] is ring[1]   # built once, cycled
+  assert not np.array_equal(ring[0]["targets"], ring[1]["targets"])

@@ -150,3 +150,14 @@ def test_a_gather_embedding_run_is_not_compared_with_one_hot_mtf():
   old = dict(cheaper)
   del old["embedding"]  # written before records carried it: its own configuration
   assert tables.config_key(old) not in (tables.config_key(same), tables.config_key(cheaper))
+
+
+def test_runs_with_different_sync_every_are_kept_apart():
+  mtf = train_record(system="mtf", tokens_per_sec=1000.0)
+  every = train_record(system="jax", tokens_per_sec=1500.0, run_id="j1")
+  windowed = train_record(system="jax", tokens_per_sec=2000.0, run_id="j2", sync_every=4)
+  lines = tables.format_table([mtf, every, windowed]).splitlines()
+  assert "1.50x" in lines[3] and "sync" not in lines[3]
+  assert "float32 sync 4" in lines[4] and "2.00x" not in lines[4]
+  old = {k: v for k, v in every.items() if k != "sync_every"}  # written before the field
+  assert tables.dtype_label(old) == "float32"
