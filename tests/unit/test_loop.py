@@ -247,6 +247,31 @@ def test_sync_every_2_failure_mid_window_keeps_completed_losses():
   assert m.tokens == []
 
 
+def test_sync_every_2_dispatch_failure_keeps_the_dispatched_steps_losses():
+  trainer = DispatchingTrainer(fail_at=3)   # dispatch() of step 3 raises
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+  assert m.error is not None and "step 3" in m.error
+  assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # step 2 was dispatched: fetched
+  assert trainer.fetches == [2, 2, 4]
+  assert m.completion_times == WINDOW_TIMES[:1]
+
+
+def test_the_warmup_line_is_logged_before_the_clock_starts(monkeypatch):
+  """The clock starts at the last warmup completion: a log line after it would be
+  charged to the first measured step."""
+  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  marks_at_log = []
+  def info(msg, *args):
+    marks_at_log.append((msg.split()[0], len(timer.times)))
+  monkeypatch.setattr(loop.logging, "info", info)
+  m = loop.run(FakeTrainer(), make_batches(), steps=4, warmup_steps=2, timer=timer,
+               log_every=2)
+  assert m.error is None
+  # "warmup" with one mark taken (step 0's), not two; progress lines after steps 2 and 4.
+  assert marks_at_log == [("warmup", 1), ("step", 4), ("step", 6)]
+
+
 @pytest.mark.parametrize("binding, message", [
     ("TrainConfig.sync_every = 0", "TrainConfig.sync_every = 0; it must be an integer >= 1"),
     ("TrainConfig.sync_every = 3", "TrainConfig.warmup_steps = 2 is not a multiple of "

@@ -109,10 +109,12 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) ->
       for step, loss in enumerate(pending, start=first):
         m.losses.append(float(loss))  # waits for the step when it is pending
     except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
-      if dispatch is None:  # the window's earlier steps completed: keep their losses
-        m.losses.extend(pending)
       m.error = f"step {step}: {errors.one_line(e)}"
+      _keep_completed(m.losses, pending[len(m.losses) - first:])
       return
+    if first + k == warmup_steps:  # logged before the clock's start mark: not charged
+      logging.info("warmup done (%d steps, loss %.4f); measuring %d steps",
+                   warmup_steps, m.losses[-1], total - warmup_steps)
     timer.mark()
     losses = m.losses[first:]
     bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
@@ -127,11 +129,18 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) ->
     if bad is not None:
       m.error = f"step {first + bad}: loss is {losses[bad]}"
       return
-    last = first + k - 1
-    if last == warmup_steps - 1:
-      logging.info("warmup done (%d steps, loss %.4f); measuring %d steps",
-                   warmup_steps, losses[-1], total - warmup_steps)
-    elif last >= warmup_steps and ((last - warmup_steps + 1) % log_every < k
-                                   or last == total - 1):
+    last = first + k - 1  # progress lines are inside the clock: one per log_every steps
+    if last >= warmup_steps and ((last - warmup_steps + 1) % log_every < k
+                                 or last == total - 1):
       logging.info("step %d/%d  loss %.4f  step time %.4fs", last - warmup_steps + 1,
                    total - warmup_steps, losses[-1], window / k)
+
+
+def _keep_completed(losses: list, unfetched: list) -> None:
+  """After a failure, the losses of the window's steps that did complete (host floats
+  from step(), or pending losses that still fetch), up to the first that does not."""
+  for loss in unfetched:
+    try:
+      losses.append(float(loss))
+    except Exception:  # noqa: BLE001: the failing step; the error is already recorded
+      return
