@@ -161,3 +161,10 @@ def test_runs_with_different_sync_every_are_kept_apart():
   assert "float32 sync 4" in lines[4] and "2.00x" not in lines[4]
   old = {k: v for k, v in every.items() if k != "sync_every"}  # written before the field
   assert tables.dtype_label(old) == "float32"
+  # ... when the loop fetched every step: the same configuration as sync_every 1.
+  assert tables.config_key(old) == tables.config_key(every) != tables.config_key(windowed)
+  old_line = tables.format_table([mtf, old]).splitlines()[3]
+  assert "1.50x" in old_line
+  from tf_tput.report import plots
+  assert "float32 sync 4" in plots._config_label(windowed)
+  assert "sync" not in plots._config_label(every)

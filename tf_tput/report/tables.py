@@ -22,10 +22,14 @@ COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
 # fetching the loss every k steps lets an asynchronous system overlap steps.
 CONFIG_KEYS = ("model", "dtype", "embedding", "mesh_shape", "layout", "num_devices",
                "global_batch", "inputs_length", "targets_length", "sync_every")
+# What a record from before a field means by its absence, where that is known: the
+# loop fetched every step's loss before sync_every existed. (An old jax record's
+# embedding is not known to be one_hot: it stays None, its own configuration.)
+ABSENT_MEANS = {"sync_every": 1}
 
 
 def config_key(r: dict) -> tuple:
-  return tuple(r.get(k) for k in CONFIG_KEYS)
+  return tuple(r.get(k, ABSENT_MEANS.get(k)) for k in CONFIG_KEYS)
 
 
 def dtype_label(r: dict) -> str:
