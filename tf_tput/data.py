@@ -51,8 +51,11 @@ def count_tokens(batch: dict) -> tuple:
 
 
 # Distinct synthetic batches built before the clock starts, then cycled: enough that a
-# run does not train on one batch, few enough that building them stays quick.
+# run does not train on one batch, few enough that building them stays quick. The
+# byte bound keeps paper-scale batches (Table 2: 2048 x 1024 int32 = 8 MiB each) from
+# filling the host: 64 of those would be 512 MiB and take many seconds to draw.
 RING_CAP = 64
+RING_BYTES = 64 << 20
 # tfds batches a background thread keeps ready ahead of the loop.
 PREFETCH_DEPTH = 4
 
@@ -60,15 +63,21 @@ PREFETCH_DEPTH = 4
 def batches(experiment: Experiment, count: Optional[int] = None) -> Iterator[dict]:
   """An endless iterator of global batches for this experiment, ready before timing.
 
-  Synthetic: min(count, RING_CAP) distinct batches (count: the steps that will be
-  run; default the experiment's warmup + measured steps) are generated now and
+  Synthetic: ring_size(experiment, count) distinct batches (count: the steps that
+  will be run; default the experiment's warmup + measured steps) are generated now and
   cycled, so no generation lands inside a measured step. tfds: read and encoded by a
   background thread PREFETCH_DEPTH batches ahead (close() stops it).
   """
   if experiment.data.source == "synthetic":
-    t = experiment.train
-    return ring(_synthetic(experiment), min(count or t.warmup_steps + t.steps, RING_CAP))
+    return ring(_synthetic(experiment), ring_size(experiment, count))
   return Prefetched(_tfds(experiment), PREFETCH_DEPTH)
+
+
+def ring_size(experiment: Experiment, count: Optional[int] = None) -> int:
+  """min(count, RING_CAP, as many batches as fit in RING_BYTES), at least 1."""
+  t, lengths = experiment.train, lengths_of(experiment)
+  batch_bytes = 4 * t.global_batch * sum(lengths[k] for k in features_of(experiment))
+  return max(1, min(count or t.warmup_steps + t.steps, RING_CAP, RING_BYTES // batch_bytes))
 
 
 def ring(source: Iterator[dict], count: int) -> Iterator[dict]:

@@ -262,3 +262,15 @@ def test_synthetic_batches_are_a_ring_of_distinct_batches():
   ring = list(itertools.islice(data.batches(e, count=3), 6))
   assert ring[3] is ring[0] and ring[4] is ring[1]   # built once, cycled
   assert not np.array_equal(ring[0]["targets"], ring[1]["targets"])
+
+
+def test_the_ring_is_bounded_by_steps_count_and_bytes():
+  e = _experiment("t5_tiny", "TrainConfig.warmup_steps = 2", "TrainConfig.steps = 4")
+  assert data.ring_size(e) == 6                  # warmup + measured steps
+  assert data.ring_size(e, count=500) == data.RING_CAP
+  big = _experiment("decoder_tiny", "TrainConfig.global_batch = 2048",
+                    "DataConfig.targets_length = 1024", "TrainConfig.steps = 100")
+  assert data.ring_size(big) == 8                # 8 MiB int32 batches in 64 MiB
+  huge = _experiment("decoder_tiny", "TrainConfig.global_batch = 65536",
+                     "DataConfig.targets_length = 1024")
+  assert data.ring_size(huge) == 1               # still one batch, never none
