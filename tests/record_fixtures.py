@@ -20,6 +20,7 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "layout": "batch:batch;d_ff:model;heads:model;vocab:model", "num_devices": 4,
       "num_processes": 1, "global_batch": 8, "inputs_length": 128, "targets_length": 128,
       "dtype": "float32", "embedding": "one_hot", "steps": steps, "warmup_steps": 2,
+      "sync_every": 1, "synchronous_step": True,
       "step_time_s": ({"median": median, "mean": median, "p10": p10, "p90": p90,
                        "min": p10 * 0.9, "max": p90 * 1.1} if ok else
                       {k: None for k in results.STEP_TIME_KEYS}),

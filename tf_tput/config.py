@@ -62,6 +62,7 @@ class TrainConfig:
   steps: int = 20           # measured steps
   warmup_steps: int = 2     # run first, not measured (graph build / compile)
   seed: int = 0
+  sync_every: int = 1       # steps per timed window: the loss is fetched once per window
 
 
 @gin.configurable
@@ -237,6 +238,12 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None,
   _check_positive(t.global_batch, "TrainConfig.global_batch (--global_batch)")
   _check_positive(t.steps, "TrainConfig.steps (--steps)")
   _check_positive(t.warmup_steps, "TrainConfig.warmup_steps (--warmup_steps)")
+  _check_positive(t.sync_every, "TrainConfig.sync_every")
+  for name, value in (("warmup_steps", t.warmup_steps), ("steps", t.steps)):
+    if value % t.sync_every:  # windows are whole: the clock reads only after a fetch
+      raise UsageError(f"TrainConfig.{name} = {value} is not a multiple of "
+                       f"TrainConfig.sync_every = {t.sync_every}; pass --{name}="
+                       f"{-(-value // t.sync_every) * t.sync_every}")
   _check_positive(d.targets_length, "DataConfig.targets_length")
   if m.arch == "encoder_decoder":
     _check_positive(d.inputs_length, "DataConfig.inputs_length")

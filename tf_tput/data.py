@@ -6,7 +6,10 @@ Id 0 is padding, 1 is EOS. Synthetic data (the default) is seeded and has no pad
 tfds text is byte-encoded and padded or packed, and then padding counts.
 """
 
-from typing import Iterator
+import itertools
+import queue
+import threading
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -47,11 +50,88 @@ def count_tokens(batch: dict) -> tuple:
   return (int(sum(np.count_nonzero(a) for a in arrays)), int(sum(a.size for a in arrays)))
 
 
-def batches(experiment: Experiment) -> Iterator[dict]:
-  """An endless iterator of global batches for this experiment."""
+# Distinct synthetic batches built before the clock starts, then cycled: enough that a
+# run does not train on one batch, few enough that building them stays quick. The
+# byte bound keeps paper-scale batches (Table 2: 2048 x 1024 int32 = 8 MiB each) from
+# filling the host: 64 of those would be 512 MiB and take many seconds to draw.
+RING_CAP = 64
+RING_BYTES = 64 << 20
+# tfds batches a background thread keeps ready ahead of the loop.
+PREFETCH_DEPTH = 4
+
+
+def batches(experiment: Experiment, count: Optional[int] = None) -> Iterator[dict]:
+  """An endless iterator of global batches for this experiment, ready before timing.
+
+  Synthetic: ring_size(experiment, count) distinct batches (count: the steps that
+  will be run; default the experiment's warmup + measured steps) are generated now and
+  cycled, so no generation lands inside a measured step. tfds: read and encoded by a
+  background thread PREFETCH_DEPTH batches ahead (close() stops it).
+  """
   if experiment.data.source == "synthetic":
-    return _synthetic(experiment)
-  return _tfds(experiment)
+    return ring(_synthetic(experiment), ring_size(experiment, count))
+  return Prefetched(_tfds(experiment), PREFETCH_DEPTH)
+
+
+def ring_size(experiment: Experiment, count: Optional[int] = None) -> int:
+  """min(count, RING_CAP, as many batches as fit in RING_BYTES), at least 1."""
+  t, lengths = experiment.train, lengths_of(experiment)
+  batch_bytes = 4 * t.global_batch * sum(lengths[k] for k in features_of(experiment))
+  return max(1, min(count or t.warmup_steps + t.steps, RING_CAP, RING_BYTES // batch_bytes))
+
+
+def ring(source: Iterator[dict], count: int) -> Iterator[dict]:
+  """`count` batches drawn from `source` now, then cycled forever."""
+  return itertools.cycle([next(source) for _ in range(max(1, count))])
+
+
+class Prefetched:
+  """Iterates `source` on a daemon thread into a queue of at most `depth` items.
+
+  The source's exception (e.g. an empty dataset's UsageError) is raised by the
+  next() that would have returned the item. The first item is awaited here, so a
+  wrong dataset still fails before training.
+  """
+  _END = object()
+
+  def __init__(self, source: Iterator[dict], depth: int):
+    self._queue = queue.Queue(maxsize=depth)
+    self._stop = threading.Event()
+    self._first = next(source)  # fails now, in this thread, if it fails
+    self._thread = threading.Thread(target=self._fill, args=(source,), daemon=True)
+    self._thread.start()
+
+  def _fill(self, source) -> None:
+    while not self._stop.is_set():
+      try:
+        item = next(source)
+      except BaseException as e:  # noqa: BLE001: handed to the consumer, not lost
+        item = (self._END, e)
+      while not self._stop.is_set():
+        try:
+          self._queue.put(item, timeout=0.1)
+          break
+        except queue.Full:
+          continue
+      if isinstance(item, tuple) and item and item[0] is self._END:
+        return
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._first is not None:
+      item, self._first = self._first, None
+      return item
+    item = self._queue.get()
+    if isinstance(item, tuple) and item and item[0] is self._END:
+      self._queue.put(item)  # later calls raise the same
+      raise item[1]
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=5)
 
 
 def _synthetic(experiment: Experiment) -> Iterator[dict]:

@@ -104,6 +104,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
       "embedding": m.embedding, "steps": t.steps, "warmup_steps": t.warmup_steps,
+      "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,
       **summary,
       "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,
       "losses": losses, "final_loss": losses[-1] if losses else None,
@@ -235,12 +236,13 @@ def _resolve_devices(system, experiment, tpu_address):
 def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Outcome:
   """Builds the trainer and runs the shared measured loop; a build failure or a failed
   step is recorded in the measurement, not raised."""
-  batches = data.batches(experiment)
+  batches = data.batches(experiment)  # built (synthetic) or prefetching (tfds) now
   writer = None
   if FLAGS.tensorboard_dir and writes_record:
     from tf_tput.measure.tensorboard import ScalarWriter
     writer = ScalarWriter(FLAGS.tensorboard_dir)
-  outcome = Outcome(loop.Measurement(warmup_steps=experiment.train.warmup_steps),
+  t = experiment.train
+  outcome = Outcome(loop.Measurement(warmup_steps=t.warmup_steps, sync_every=t.sync_every),
                     models.num_params(experiment.model))
   try:
     try:
@@ -254,8 +256,8 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
     try:
       outcome.num_params = trainer.num_params
       outcome.measurement = loop.run(
-          trainer, batches, experiment.train.steps, experiment.train.warmup_steps,
-          log_every=FLAGS.log_every, on_step=writer.write if writer else None)
+          trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
+          on_step=writer.write if writer else None, sync_every=t.sync_every)
       outcome.device_memory_bytes = trainer.device_memory_bytes()
       if FLAGS.trace_dir and not outcome.measurement.error:
         _trace_one_step(trainer, batches, run_id)
@@ -264,6 +266,8 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
   finally:
     if writer is not None:
       writer.close()
+    if hasattr(batches, "close"):
+      batches.close()  # a tfds prefetch thread
   return outcome
 
 

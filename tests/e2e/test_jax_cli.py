@@ -41,6 +41,21 @@ def test_t5_tiny_trains_on_2x2_mesh(tmp_path):
   assert record["env"]["jax"]
 
 
+def test_sync_every_2_is_recorded(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
+                 "--gin_param=TrainConfig.sync_every=2", "--steps=4", "--warmup_steps=2",
+                 f"--results={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = _record(out)
+  assert record["sync_every"] == 2 and record["synchronous_step"] is False
+  assert len(record["losses"]) == 6  # every step's loss, fetched two at a time
+  # Two windows, each step given half its window: four durations in two equal pairs,
+  # so their mean is their median (four arbitrary durations would not be).
+  st = record["step_time_s"]
+  assert st["mean"] == pytest.approx(st["median"], rel=1e-9)
+
+
 def test_two_launched_processes_share_one_mesh(tmp_path):
   out = tmp_path / "runs.jsonl"
   proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",

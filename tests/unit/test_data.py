@@ -242,3 +242,35 @@ def test_tfds_missing_text_key(mock_lm1b):
        "DataConfig.text_key = 'body'"])
   with pytest.raises(data.UsageError, match="body"):
     next(data.batches(e))
+
+
+def test_prefetched_batches_come_in_order_and_the_sources_error_is_raised():
+  def source():
+    yield from ({"targets": np.full((1, 2), i, np.int32)} for i in range(3))
+    raise ValueError("dataset broke")
+  batches = data.Prefetched(source(), depth=2)
+  try:
+    assert [int(next(batches)["targets"][0, 0]) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="dataset broke"):
+      next(batches)
+  finally:
+    batches.close()
+
+
+def test_synthetic_batches_are_a_ring_of_distinct_batches():
+  e = _experiment("t5_tiny")
+  ring = list(itertools.islice(data.batches(e, count=3), 6))
+  assert ring[3] is ring[0] and ring[4] is ring[1]   # built once, cycled
+  assert not np.array_equal(ring[0]["targets"], ring[1]["targets"])
+
+
+def test_the_ring_is_bounded_by_steps_count_and_bytes():
+  e = _experiment("t5_tiny", "TrainConfig.warmup_steps = 2", "TrainConfig.steps = 4")
+  assert data.ring_size(e) == 6                  # warmup + measured steps
+  assert data.ring_size(e, count=500) == data.RING_CAP
+  big = _experiment("decoder_tiny", "TrainConfig.global_batch = 2048",
+                    "DataConfig.targets_length = 1024", "TrainConfig.steps = 100")
+  assert data.ring_size(big) == 8                # 8 MiB int32 batches in 64 MiB
+  huge = _experiment("decoder_tiny", "TrainConfig.global_batch = 65536",
+                     "DataConfig.targets_length = 1024")
+  assert data.ring_size(huge) == 1               # still one batch, never none

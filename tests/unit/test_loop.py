@@ -132,3 +132,157 @@ def test_step_timer_marks_clock():
   assert timer.mark() == 3.0
   assert timer.mark() == 4.5
   assert timer.times == [3.0, 4.5]
+
+
+class CountingSource:
+  """Batches as make_batches(); counts how often one is generated, and when."""
+
+  def __init__(self, trainer):
+    self.trainer = trainer
+    self.generated_at = []   # steps the trainer had taken when each batch was made
+    self._batches = make_batches()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    self.generated_at.append(len(self.trainer.batches))
+    return next(self._batches)
+
+
+def test_synthetic_batches_are_built_before_the_first_step():
+  from tf_tput import data
+  trainer = FakeTrainer()
+  source = CountingSource(trainer)
+  batches = data.ring(source, 6)
+  m = loop.run(trainer, batches, steps=4, warmup_steps=2,
+               timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+  assert m.error is None
+  assert source.generated_at == [0] * 6   # all six made before step 0, none later
+  assert m.tokens == [3, 4, 5, 6]          # and still distinct batches per step
+
+
+def test_a_ring_cycles_when_the_run_is_longer():
+  from tf_tput import data
+  trainer = FakeTrainer()
+  source = CountingSource(trainer)
+  m = loop.run(trainer, data.ring(source, 2), steps=4, warmup_steps=2,
+               timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+  assert len(source.generated_at) == 2
+  assert m.tokens == [1, 2, 1, 2]
+
+
+def test_on_step_work_does_not_change_measured_durations():
+  """TensorBoard writes happen after the loop: a writer that reads the clock (as a
+  slow write would advance it) leaves every step's duration as it was."""
+  ticks = iter(TIMES + [100.0 + i for i in range(10)])
+  clock = lambda: next(ticks)
+  seen = []
+  def slow_writer(step, scalars):
+    seen.append((step, clock()))  # time passes in the writer
+  m = loop.run(FakeTrainer(), make_batches(), steps=4, warmup_steps=2,
+               timer=loop.StepTimer(clock=clock), on_step=slow_writer)
+  assert m.step_durations == [0.5, 1.0, 0.25, 2.0]
+  assert m.completion_times == TIMES
+  assert [step for step, _ in seen] == list(range(6))
+  assert all(t >= 100.0 for _, t in seen)   # every write came after the last step
+
+
+class DispatchingTrainer(FakeTrainer):
+  """dispatch() returns a pending loss; float() of it is a fetch, counted."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.fetches = []   # steps dispatched when each fetch happened
+
+  def dispatch(self, batch):
+    loss = super().step(batch)
+    trainer = self
+
+    class Pending:
+      def __float__(self):
+        trainer.fetches.append(len(trainer.batches))
+        return float(loss)
+    return Pending()
+
+  def step(self, batch):  # the loop must not call it when dispatch exists
+    raise AssertionError("step() called on a dispatching trainer")
+
+
+WINDOW_TIMES = [10.0, 12.0, 13.0, 16.0]   # completion of windows (2 steps each)
+
+
+def test_sync_every_2_fetches_once_per_window_and_times_windows():
+  trainer = DispatchingTrainer()
+  m = loop.run(trainer, make_batches(), steps=6, warmup_steps=2, sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+  assert m.error is None and m.synchronous_step is False
+  # Two losses fetched after each pair of dispatches: never more than 2 in flight.
+  assert trainer.fetches == [2, 2, 4, 4, 6, 6, 8, 8]
+  assert m.losses == pytest.approx([10.0 / (i + 1) for i in range(8)])
+  assert m.completion_times == WINDOW_TIMES
+  # Each window's duration / 2 for each of its steps.
+  assert m.step_durations == [1.0, 1.0, 0.5, 0.5, 1.5, 1.5]
+  assert m.measured_seconds == 16.0 - 10.0   # from the warmup window's completion
+  assert m.tokens == [3, 4, 5, 6, 7, 8]
+
+
+def test_sync_every_2_with_a_synchronous_trainer_keeps_every_loss():
+  trainer = FakeTrainer()
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+  assert m.synchronous_step is True
+  assert m.losses == pytest.approx([10.0 / (i + 1) for i in range(6)])
+  assert m.completion_times == WINDOW_TIMES[:3]
+  assert m.step_durations == [1.0, 1.0, 0.5, 0.5]
+
+
+def test_sync_every_2_failure_mid_window_keeps_completed_losses():
+  trainer = FakeTrainer(fail_at=3)
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+  assert m.error is not None and "step 3" in m.error
+  assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # step 2 completed
+  assert m.completion_times == WINDOW_TIMES[:1]            # its window did not
+  assert m.tokens == []
+
+
+def test_sync_every_2_dispatch_failure_keeps_the_dispatched_steps_losses():
+  trainer = DispatchingTrainer(fail_at=3)   # dispatch() of step 3 raises
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+  assert m.error is not None and "step 3" in m.error
+  assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # step 2 was dispatched: fetched
+  assert trainer.fetches == [2, 2, 4]
+  assert m.completion_times == WINDOW_TIMES[:1]
+
+
+def test_the_warmup_line_is_logged_before_the_clock_starts(monkeypatch):
+  """The clock starts at the last warmup completion: a log line after it would be
+  charged to the first measured step."""
+  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  marks_at_log = []
+  def info(msg, *args):
+    marks_at_log.append((msg.split()[0], len(timer.times)))
+  monkeypatch.setattr(loop.logging, "info", info)
+  m = loop.run(FakeTrainer(), make_batches(), steps=4, warmup_steps=2, timer=timer,
+               log_every=2)
+  assert m.error is None
+  # "warmup" with one mark taken (step 0's), not two; progress lines after steps 2 and 4.
+  assert marks_at_log == [("warmup", 1), ("step", 4), ("step", 6)]
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("TrainConfig.sync_every = 0", "TrainConfig.sync_every = 0; it must be an integer >= 1"),
+    ("TrainConfig.sync_every = 3", "TrainConfig.warmup_steps = 2 is not a multiple of "
+                                   "TrainConfig.sync_every = 3; pass --warmup_steps=3"),
+    ("TrainConfig.sync_every = 2", "TrainConfig.steps = 5 is not a multiple of "
+                                   "TrainConfig.sync_every = 2; pass --steps=6"),
+])
+def test_bad_sync_every_is_a_usage_error(binding, message):
+  from tf_tput import config
+  from tf_tput.errors import UsageError
+  with pytest.raises(UsageError) as e:
+    config.load_experiment(["gin/models/t5_tiny.gin"],
+                           ["TrainConfig.steps = 5", binding])
+  assert str(e.value) == message

@@ -211,3 +211,21 @@ def test_implied_mfu_of_table2_spmd_by_hand():
   assert (flops, inputs, targets) == (3 * 6_892_814_336, None, 1024)
   # 125,700 tokens/s x 20,678,443,008 FLOPs / (128 cores x 61.5e12) = 0.33019...
   assert published.implied_mfu("decoder_3b", 125700, 128) == pytest.approx(0.330193, abs=1e-6)
+
+
+def test_runs_with_different_sync_every_are_kept_apart():
+  mtf = train_record(system="mtf", tokens_per_sec=1000.0)
+  every = train_record(system="jax", tokens_per_sec=1500.0, run_id="j1")
+  windowed = train_record(system="jax", tokens_per_sec=2000.0, run_id="j2", sync_every=4)
+  lines = tables.format_table([mtf, every, windowed]).splitlines()
+  assert "1.50x" in lines[3] and "sync" not in lines[3]
+  assert "float32 sync 4" in lines[4] and "2.00x" not in lines[4]
+  old = {k: v for k, v in every.items() if k != "sync_every"}  # written before the field
+  assert tables.dtype_label(old) == "float32"
+  # ... when the loop fetched every step: the same configuration as sync_every 1.
+  assert tables.config_key(old) == tables.config_key(every) != tables.config_key(windowed)
+  old_line = tables.format_table([mtf, old]).splitlines()[3]
+  assert "1.50x" in old_line
+  from tf_tput.report import plots
+  assert "float32 sync 4" in plots._config_label(windowed)
+  assert "sync" not in plots._config_label(every)

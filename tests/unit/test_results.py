@@ -18,7 +18,7 @@ def valid_record(**overrides) -> dict:
       "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
       "num_devices": 4, "num_processes": 1, "global_batch": 8, "inputs_length": 16,
       "targets_length": 16, "dtype": "float32", "embedding": "one_hot", "steps": 4,
-      "warmup_steps": 2,
+      "warmup_steps": 2, "sync_every": 1, "synchronous_step": True,
       "step_time_s": {k: 0.5 for k in results.STEP_TIME_KEYS},
       "tokens_per_step": 256, "padded_tokens_per_step": 256, "tokens_per_sec": 512.0,
       "padded_tokens_per_sec": 512.0, "model_flops_per_token": 1.5e6,

@@ -1,9 +1,13 @@
 """The shared measured loop: every system is timed here, never by itself.
 
-`trainer.step(batch)` returns the loss as a host float, so the step has completed on
-the device when the clock reads. The clock starts at the completion of the last
-warmup step; each measured step's duration runs from the previous completion to its
-own, so data fetching and dispatch are inside the measurement for every system alike.
+The clock reads when a window's losses are on the host, so its steps have completed
+on the device. A window is `sync_every` steps (default 1: every step): the loop
+dispatches them, fetches their losses, then reads the clock. tokens/s runs from the
+completion of the last warmup window to that of the last measured one
+(measure/metrics.py). What is inside the clock besides the steps (docs/design.md,
+"Measurement conventions"): taking a prebuilt or prefetched batch (data.batches),
+counting its tokens and one log line every log_every steps; TensorBoard scalars are
+buffered and handed to on_step after the loop.
 """
 
 import dataclasses
@@ -20,10 +24,12 @@ from tf_tput import data, errors
 class Measurement:
   """What the loop saw; partial when the run failed (then `error` says why)."""
   losses: list = dataclasses.field(default_factory=list)       # every step, warmup too
-  completion_times: list = dataclasses.field(default_factory=list)  # every step
+  completion_times: list = dataclasses.field(default_factory=list)  # every window
   tokens: list = dataclasses.field(default_factory=list)        # measured steps only
   padded_tokens: list = dataclasses.field(default_factory=list)  # measured steps only
   warmup_steps: int = 0
+  sync_every: int = 1        # steps per timed window
+  synchronous_step: Optional[bool] = None  # the trainer has no dispatch(); None: unbuilt
   error: Optional[str] = None
 
   @property
@@ -32,13 +38,14 @@ class Measurement:
 
   @property
   def _measured_times(self) -> list:
-    """Completion of the last warmup step, then of each measured step."""
-    return self.completion_times[self.warmup_steps - 1:]
+    """Completion of the last warmup window, then of each measured window."""
+    return self.completion_times[self.warmup_steps // self.sync_every - 1:]
 
   @property
   def step_durations(self) -> list:
-    times = self._measured_times
-    return [b - a for a, b in zip(times, times[1:])]
+    """Per measured step: its window's duration / sync_every."""
+    times, k = self._measured_times, self.sync_every
+    return [(b - a) / k for a, b in zip(times, times[1:]) for _ in range(k)]
 
   @property
   def measured_seconds(self) -> float:
@@ -47,7 +54,7 @@ class Measurement:
 
 
 class StepTimer:
-  """Records the completion time of each step on a monotonic clock."""
+  """Records the completion time of each window on a monotonic clock."""
 
   def __init__(self, clock: Callable[[], float] = time.perf_counter):
     self._clock = clock
@@ -60,46 +67,80 @@ class StepTimer:
 
 def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
         log_every: int = 10, on_step: Optional[Callable[[int, dict], None]] = None,
-        timer: Optional[StepTimer] = None) -> Measurement:
+        timer: Optional[StepTimer] = None, sync_every: int = 1) -> Measurement:
   """Runs warmup_steps + steps optimizer steps; returns what was measured.
 
-  An exception inside a step ends the loop and is recorded in `error`; the partial
-  measurement is returned so a failed run can still be written down. A non-finite
-  loss is recorded the same way: a diverged run's speed is not a result.
-  `on_step(step, scalars)` receives per-step scalars (e.g. for TensorBoard).
+  warmup_steps and steps are multiples of sync_every (config.validate checks it).
+  A trainer with `dispatch(batch)` (returning a pending loss that float() waits for)
+  runs up to sync_every steps before the loop waits; without it, `step(batch)` is
+  synchronous and the window only spaces out the clock reads. An exception inside a
+  step ends the loop and is recorded in `error`; the partial measurement is returned
+  so a failed run can still be written down. A non-finite loss is recorded the same
+  way: a diverged run's speed is not a result. `on_step(step, scalars)` receives the
+  per-step scalars (e.g. for TensorBoard) after the loop, outside the clock.
   """
   timer = timer or StepTimer()
-  m = Measurement(warmup_steps=warmup_steps, completion_times=timer.times)
-  total = warmup_steps + steps
-  for step in range(total):
+  dispatch = getattr(trainer, "dispatch", None)
+  m = Measurement(warmup_steps=warmup_steps, completion_times=timer.times,
+                  sync_every=sync_every, synchronous_step=dispatch is None)
+  scalars = []  # (step, scalars), written after the loop
+  try:
+    _windows(trainer, dispatch, batches, warmup_steps + steps, m, timer, log_every,
+             scalars)
+  finally:
+    if on_step:
+      for step, values in scalars:
+        on_step(step, values)
+  if m.error:
+    logging.error("run failed at %s", m.error)
+  return m
+
+
+def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) -> None:
+  k, warmup_steps = m.sync_every, m.warmup_steps
+  for first in range(0, total, k):
+    pending, counts = [], []
+    step = first
     try:
-      batch = next(batches)
-      loss = float(trainer.step(batch))
+      for step in range(first, first + k):
+        batch = next(batches)
+        pending.append(dispatch(batch) if dispatch else float(trainer.step(batch)))
+        counts.append(data.count_tokens(batch) if step >= warmup_steps else None)
+      for step, loss in enumerate(pending, start=first):
+        m.losses.append(float(loss))  # waits for the step when it is pending
     except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
       m.error = f"step {step}: {errors.one_line(e)}"
-      logging.error("run failed at %s", m.error)
-      return m
-    timer.mark()
-    m.losses.append(loss)
-    measured = step >= warmup_steps
-    if measured:
-      tokens, padded = data.count_tokens(batch)
-      m.tokens.append(tokens)
-      m.padded_tokens.append(padded)
-    if not math.isfinite(loss):
-      m.error = f"step {step}: loss is {loss}"
-      logging.error("run failed at %s", m.error)
-      return m
-    step_time = timer.times[-1] - timer.times[-2] if step else None
-    if on_step:
-      scalars = {"loss": loss}
-      if measured and step_time is not None:
-        scalars.update(step_time_s=step_time, tokens_per_sec=m.tokens[-1] / step_time)
-      on_step(step, scalars)
-    if step == warmup_steps - 1:
+      _keep_completed(m.losses, pending[len(m.losses) - first:])
+      return
+    if first + k == warmup_steps:  # logged before the clock's start mark: not charged
       logging.info("warmup done (%d steps, loss %.4f); measuring %d steps",
-                   warmup_steps, loss, steps)
-    elif measured and ((step - warmup_steps + 1) % log_every == 0 or step == total - 1):
-      logging.info("step %d/%d  loss %.4f  step time %.4fs", step - warmup_steps + 1,
-                   steps, loss, step_time)
-  return m
+                   warmup_steps, m.losses[-1], total - warmup_steps)
+    timer.mark()
+    losses = m.losses[first:]
+    bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+    window = timer.times[-1] - timer.times[-2] if len(timer.times) > 1 else None
+    for i, (loss, count) in enumerate(zip(losses, counts)):
+      values = {"loss": loss}
+      if count is not None:
+        m.tokens.append(count[0])
+        m.padded_tokens.append(count[1])
+        values.update(step_time_s=window / k, tokens_per_sec=count[0] * k / window)
+      scalars.append((first + i, values))
+    if bad is not None:
+      m.error = f"step {first + bad}: loss is {losses[bad]}"
+      return
+    last = first + k - 1  # progress lines are inside the clock: one per log_every steps
+    if last >= warmup_steps and ((last - warmup_steps + 1) % log_every < k
+                                 or last == total - 1):
+      logging.info("step %d/%d  loss %.4f  step time %.4fs", last - warmup_steps + 1,
+                   total - warmup_steps, losses[-1], window / k)
+
+
+def _keep_completed(losses: list, unfetched: list) -> None:
+  """After a failure, the losses of the window's steps that did complete (host floats
+  from step(), or pending losses that still fetch), up to the first that does not."""
+  for loss in unfetched:
+    try:
+      losses.append(float(loss))
+    except Exception:  # noqa: BLE001: the failing step; the error is already recorded
+      return

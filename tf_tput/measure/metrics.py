@@ -23,6 +23,11 @@ def step_time_stats(durations: Sequence[float]) -> dict:
           "min": float(d.min()), "max": float(d.max())}
 
 
+def tokens_per_sec(tokens: float, seconds: float) -> Optional[float]:
+  """The one throughput formula: tokens of measured steps / measured seconds."""
+  return tokens / seconds if seconds else None
+
+
 def peak_host_memory_bytes() -> int:
   rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
@@ -36,8 +41,8 @@ def summarize(measurement, experiment, num_devices: int,
   seconds = measurement.measured_seconds
   flops_per_token = models.model_flops_per_token(experiment.model, d.inputs_length,
                                                  d.targets_length)
-  tokens_per_sec = tokens / seconds if seconds else None
-  padded_per_sec = padded / seconds if seconds else None
+  tokens_per_sec_ = tokens_per_sec(tokens, seconds)
+  padded_per_sec = tokens_per_sec(padded, seconds)
   model_flops_per_sec = flops_per_token * padded_per_sec if padded_per_sec else None
   mfu = None
   if model_flops_per_sec and peak_flops_per_device:
@@ -48,7 +53,7 @@ def summarize(measurement, experiment, num_devices: int,
       # Means over measured steps (tfds batches vary), rounded to whole tokens.
       "tokens_per_step": round(tokens / steps) if steps else None,
       "padded_tokens_per_step": round(padded / steps) if steps else None,
-      "tokens_per_sec": tokens_per_sec,
+      "tokens_per_sec": tokens_per_sec_,
       "padded_tokens_per_sec": padded_per_sec,
       "model_flops_per_token": flops_per_token,
       "model_tflops_per_sec": model_flops_per_sec / 1e12 if model_flops_per_sec else None,

@@ -20,12 +20,14 @@ _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
 _OPT_STR = (str, type(None))
 # field -> accepted types. The order is the order records are written in.
+# synchronous_step: the trainer's step returns only when done (None: never built).
 FIELDS = {
     "schema": str, "run_id": str, "started_at": str, "status": str, "error": _OPT_STR,
     "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
     "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
-    "dtype": str, "embedding": str, "steps": int, "warmup_steps": int, "step_time_s": dict,
+    "dtype": str, "embedding": str, "steps": int, "warmup_steps": int, "sync_every": int,
+    "synchronous_step": (bool, type(None)), "step_time_s": dict,
     "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
     "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
     "model_flops_per_token": _NUM, "model_tflops_per_sec": _OPT_NUM,
@@ -62,7 +64,7 @@ MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
 # field is left out of it, never guessed. Readers use record.get(field). A record
 # without run_key matches no suite run, so a suite measures it again.
 LATER_FIELDS = {
-    SCHEMA: ("embedding", "run_key"),
+    SCHEMA: ("embedding", "run_key", "sync_every", "synchronous_step"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 
@@ -88,8 +90,9 @@ def validate(record: dict, written_now: bool = True) -> None:
   problems = [f"missing {k}" for k in fields if k not in record and k not in optional]
   problems += [f"unknown field {k}" for k in record if k not in fields]
   for key, types in fields.items():
+    allows_bool = bool in (types if isinstance(types, tuple) else (types,))
     if key in record and (not isinstance(record[key], types)
-                          or isinstance(record[key], bool)):
+                          or (isinstance(record[key], bool) and not allows_bool)):
       problems.append(f"{key} = {record[key]!r} has type {type(record[key]).__name__}")
   if record.get("status") not in statuses:
     problems.append(f"status {record.get('status')!r} not in {statuses}")

@@ -26,7 +26,8 @@ def _save(fig, path: str) -> str:
 
 
 def _config_label(r: dict) -> str:
-  return (f"{r['model']}\n{r['dtype']} {r['mesh_shape']}\nbatch {r['global_batch']}"
+  return (f"{r['model']}\n{tables.dtype_label(r)} {r['mesh_shape']}\n"
+          f"batch {r['global_batch']}"
           + ("" if r["strategy"] == "local" else f", {r['strategy']}"))
 
 

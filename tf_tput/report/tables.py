@@ -18,19 +18,26 @@ COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
            "final loss", "status")
 # Records that differ only in their system are the same configuration. The embedding
 # is part of it: a row lookup does less arithmetic than mtf's one-hot matmul. Records
-# from before a field existed (results.LATER_FIELDS) have None there.
+# from before a field existed (results.LATER_FIELDS) have None there. sync_every too:
+# fetching the loss every k steps lets an asynchronous system overlap steps.
 CONFIG_KEYS = ("model", "dtype", "embedding", "mesh_shape", "layout", "num_devices",
-               "global_batch", "inputs_length", "targets_length")
+               "global_batch", "inputs_length", "targets_length", "sync_every")
+# What a record from before a field means by its absence, where that is known: the
+# loop fetched every step's loss before sync_every existed. (An old jax record's
+# embedding is not known to be one_hot: it stays None, its own configuration.)
+ABSENT_MEANS = {"sync_every": 1}
 
 
 def config_key(r: dict) -> tuple:
-  return tuple(r.get(k) for k in CONFIG_KEYS)
+  return tuple(r.get(k, ABSENT_MEANS.get(k)) for k in CONFIG_KEYS)
 
 
 def dtype_label(r: dict) -> str:
-  """The dtype, and the embedding where it is not mtf's one-hot matmul."""
-  embedding = r.get("embedding")
-  return r["dtype"] + (f" {embedding}" if embedding not in (None, "one_hot") else "")
+  """The dtype, the embedding where it is not mtf's one-hot matmul, and sync_every
+  where the loss is not fetched every step."""
+  embedding, sync = r.get("embedding"), r.get("sync_every")
+  return (r["dtype"] + (f" {embedding}" if embedding not in (None, "one_hot") else "")
+          + (f" sync {sync}" if sync not in (None, 1) else ""))
 
 
 def _ratio(r: dict, baselines: dict) -> str:

@@ -13,6 +13,10 @@
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
+An optional Trainer method dispatch(batch) -> pending loss (float() of it waits for
+the step) lets the loop keep TrainConfig.sync_every steps in flight (jax); a trainer
+without it has a synchronous step (mtf: Session.run returns when the step is done),
+and records say so (synchronous_step).
 tf_tput.parity also uses two optional Trainer methods: export_variables() ->
 {mtf variable name: numpy array} (mtf, jax) and load_variables(values) (jax).
 Modules are imported only when chosen, so choosing a system loads only its framework.

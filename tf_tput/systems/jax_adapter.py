@@ -7,9 +7,10 @@ the activations' (jax_model calls `constrain` with their dimension names). One j
 train step with explicit shardings and donated parameter and optimizer buffers; the
 numerics are jax_model's twin of mesh_tensorflow.transformer.
 
-Every step returns the loss to the host, so at most one step is in flight: a process
-never runs ahead of the others by more than that (unbounded dispatch across processes
-once hung gloo collectives, see docs/design.md).
+dispatch() returns the step's loss unfetched, so the shared loop can keep
+TrainConfig.sync_every steps in flight before it waits; step() waits for each. A
+process never runs ahead of the others by more than that window (unbounded dispatch
+across processes once hung gloo collectives, see docs/design.md).
 """
 
 from typing import Optional
@@ -106,10 +107,14 @@ class JaxTrainer:
     return self._jax.make_array_from_callback(value.shape, self._batch_sharding,
                                               lambda index: value[index])
 
-  def step(self, batch: dict) -> float:
+  def dispatch(self, batch: dict):
+    """Starts one step; its loss as an unfetched jax.Array (float() waits for it)."""
     arrays = {k: self._global_array(v) for k, v in batch.items()}
     self._params, self._opt_state, loss = self._step(self._params, self._opt_state, arrays)
-    return float(loss.addressable_data(0))  # replicated: every process holds the value
+    return loss.addressable_data(0)  # replicated: every process holds the value
+
+  def step(self, batch: dict) -> float:
+    return float(self.dispatch(batch))
 
   def load_variables(self, values: dict) -> None:
     """Replaces the parameters (e.g. the TF baseline's initial values) and resets Adafactor."""
