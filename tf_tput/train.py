@@ -89,8 +89,15 @@ class Outcome:
   device_memory_bytes: Optional[int] = None
 
 
+def _run_key() -> str:
+  """The suite's key for this command line (tf_tput.records.keys), taken before the run
+  starts: gin files or code edited while it runs must not lend it their key."""
+  return keys.run_key(FLAGS.system, FLAGS.gin_file, _bindings(), FLAGS.num_cpu_devices,
+                      FLAGS.strategy, keys.code_version())
+
+
 def _record(experiment, topology, outcome: Outcome, summary, peak_source, started_at,
-            run_id) -> dict:
+            run_id, run_key: str) -> dict:
   m, d, t = experiment.model, experiment.data, experiment.train
   measurement = outcome.measurement
   losses = measurement.losses
@@ -110,8 +117,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "losses": losses, "final_loss": losses[-1] if losses else None,
       "config": experiment.operative_config,
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
-      "run_key": keys.run_key(FLAGS.system, FLAGS.gin_file, _bindings(),
-                              FLAGS.num_cpu_devices, FLAGS.strategy, keys.code_version()),
+      "run_key": run_key,
   }, topology.describe(), status="failed" if measurement.error else "ok",
       error=measurement.error, run_id=run_id, started_at=started_at)
 
@@ -288,6 +294,7 @@ def _report(record: dict, malformed: list) -> int:
 
 def run() -> int:
   experiment, tpu_address, malformed = _checked_request()
+  run_key = _run_key()
   system = systems.load(FLAGS.system)
   topology = _resolve_devices(system, experiment, tpu_address)
   writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
@@ -303,7 +310,7 @@ def run() -> int:
     return 1 if outcome.measurement.error else 0
   summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices, peak)
   return _report(_record(experiment, topology, outcome, summary, peak_source, started_at,
-                         run_id), malformed)
+                         run_id, run_key), malformed)
 
 
 def main(argv) -> int:

@@ -168,6 +168,8 @@ def test_the_key_changes_with_an_included_files_content_the_commit_and_the_bindi
   assert keys.run_key(*args, "abc123") == key                         # same inputs
   assert keys.run_key(*args, "abc123+dirty.0f0f") != key              # other code
   assert keys.run_key(*args[:2], ["TrainConfig.steps = 4"], *args[3:], "abc123") != key
+  assert keys.run_key(*args[:2], [*args[2], "TrainConfig.sync_every = 4"], *args[3:],
+                      "abc123") != key                                # any binding
   _gin_files(tmp_path, "ModelConfig.num_layers = 3\n")               # edit the include
   assert keys.run_key(*args, "abc123") != key
   _gin_files(tmp_path, "ModelConfig.num_layers = 2\n")               # and back

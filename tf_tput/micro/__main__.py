@@ -185,6 +185,7 @@ def main(argv) -> int:
   try:
     hosts_list, durations = _validated_args()
     malformed = results.check_appendable(FLAGS.results)
+    keys.code_version()  # taken now: code edited while the runs go must not lend its key
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
