@@ -19,7 +19,9 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "num_params": 263168, "mesh_shape": "batch:2;model:2",
       "layout": "batch:batch;d_ff:model;heads:model;vocab:model", "num_devices": 4,
       "num_processes": 1, "global_batch": 8, "inputs_length": 128, "targets_length": 128,
-      "dtype": "float32", "embedding": "one_hot", "steps": steps, "warmup_steps": 2,
+      "dtype": "float32", "embedding": "one_hot", "pipeline_stages": 1,
+      "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "steps": steps,
+      "warmup_steps": 2,
       "sync_every": 1, "synchronous_step": True,
       "step_time_s": ({"median": median, "mean": median, "p10": p10, "p90": p90,
                        "min": p10 * 0.9, "max": p90 * 1.1} if ok else

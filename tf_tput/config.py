@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import gin
 
 from tf_tput import GIN_DIR, REPO_ROOT
-from tf_tput import errors, models
+from tf_tput import errors, models, pipeline
 from tf_tput.errors import UsageError
 
 ARCHS = ("encoder_decoder", "decoder")
@@ -57,6 +57,19 @@ class MeshConfig:
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """A pipeline of `stages` x `micro_batches` (tf_tput/pipeline.py); 1 stage: none.
+
+  With stages > 1 the devices split into `stages` consecutive groups and MeshConfig
+  describes one group: mesh_shape's size is the devices per stage.
+  """
+  stages: int = 1
+  micro_batches: int = 1    # the global batch splits into this many, one after another
+  schedule: str = "gpipe"   # pipeline.SCHEDULES
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   global_batch: int = 8
   steps: int = 20           # measured steps
@@ -85,6 +98,7 @@ class Experiment:
   train: TrainConfig
   data: DataConfig
   operative_config: str     # the gin text that produced this experiment
+  pipeline: PipelineConfig = PipelineConfig()
 
   @property
   def mesh_shape(self) -> dict:
@@ -96,7 +110,12 @@ class Experiment:
 
   @property
   def num_devices(self) -> int:
-    return mesh_size(self.mesh_shape)
+    """Every device of the run: the mesh's, times the pipeline's stages."""
+    return mesh_size(self.mesh_shape) * self.pipeline.stages
+
+  @property
+  def pipelined(self) -> bool:
+    return self.pipeline.stages > 1
 
 
 def _pairs(text: str, what: str, example: str) -> list:
@@ -191,7 +210,8 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
     _parse(f"binding {binding!r}", lambda: gin.parse_config(binding))
   try:
     experiment_parts = dict(model=ModelConfig(), mesh=MeshConfig(),
-                            train=TrainConfig(), data=DataConfig())
+                            train=TrainConfig(), data=DataConfig(),
+                            pipeline=PipelineConfig())
   except TypeError as e:
     missing = re.search(r"arguments: (\[.*?\])", str(e))
     raise UsageError(
@@ -210,8 +230,8 @@ def _check_positive(value, name: str, minimum: int = 1) -> None:
 def tensor_dim_sizes(experiment: Experiment) -> dict:
   """Sizes of the named tensor dimensions a layout can place on mesh axes."""
   m = experiment.model
-  return {
-      "batch": experiment.train.global_batch, "d_model": m.d_model, "d_ff": m.d_ff,
+  return {  # a pipeline's stage holds one micro-batch at a time
+      "batch": experiment.train.global_batch // experiment.pipeline.micro_batches, "d_model": m.d_model, "d_ff": m.d_ff,
       "heads": m.num_heads, "d_kv": m.d_kv, "vocab": models.padded_vocab(m.vocab_size),
   }
 
@@ -256,11 +276,14 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None,
     raise UsageError("DataConfig.pack = True applies to tfds data only; synthetic "
                      "batches have no padding to pack away")
 
+  pipeline.validate(experiment, num_devices)
   mesh_shape, layout = experiment.mesh_shape, experiment.layout
-  size = mesh_size(mesh_shape)
+  size = experiment.num_devices
   if num_devices is not None and size != num_devices:
+    per_stage = (f" ({experiment.pipeline.stages} stages of {mesh_size(mesh_shape)})"
+                 if experiment.pipelined else "")
     raise UsageError(
-        f"mesh_shape {experiment.mesh.mesh_shape!r} has {size} devices but "
+        f"mesh_shape {experiment.mesh.mesh_shape!r}{per_stage} has {size} devices but "
         f"{num_devices} are available; pass " + (
             f"--num_cpu_devices={size // num_processes} or " if size % num_processes == 0
             else "") + f"a mesh file with {num_devices} devices (gin/mesh/)")

@@ -141,7 +141,7 @@ def model_flops_per_token(m: ModelConfig, inputs_length: int, targets_length: in
           / tokens_per_example(m, inputs_length, targets_length))
 
 
-def _sharded_size(dims, mesh_shape: dict, layout: dict) -> int:
+def sharded_size(dims, mesh_shape: dict, layout: dict) -> int:
   size = 1
   for name, dim_size in dims:
     axis = layout.get(name)
@@ -167,8 +167,8 @@ def bytes_per_device(m: ModelConfig, mesh_shape: dict, layout: dict) -> dict:
   """
   params = optimizer = 0
   for v in variables(m):
-    params += _sharded_size(v.dims, mesh_shape, layout)
-    optimizer += sum(_sharded_size(s, mesh_shape, layout) for s in adafactor_slot_dims(v))
+    params += sharded_size(v.dims, mesh_shape, layout)
+    optimizer += sum(sharded_size(s, mesh_shape, layout) for s in adafactor_slot_dims(v))
   params *= BYTES_PER_VARIABLE_ELEMENT
   optimizer *= BYTES_PER_VARIABLE_ELEMENT
   return {"params": params, "optimizer": optimizer, "total": params + optimizer}

@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import config, data, errors, models, systems
+from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib
 from tf_tput.records import build, keys, results
 from tf_tput.runtime import cluster, topology as topology_lib
@@ -110,7 +110,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "num_processes": topology.num_processes, "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
-      "embedding": m.embedding, "steps": t.steps, "warmup_steps": t.warmup_steps,
+      "embedding": m.embedding, **pipeline.record_fields(experiment),
+      "steps": t.steps, "warmup_steps": t.warmup_steps,
       "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,
       **summary,
       "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,

@@ -26,7 +26,11 @@ FIELDS = {
     "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
     "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
-    "dtype": str, "embedding": str, "steps": int, "warmup_steps": int, "sync_every": int,
+    "dtype": str, "embedding": str,
+    # A pipeline (tf_tput/pipeline.py): 1 stage, 1 micro-batch and schedule None when
+    # there is none; bubble_fraction is the theoretical (S-1)/(M+S-1).
+    "pipeline_stages": int, "micro_batches": int, "schedule": _OPT_STR,
+    "bubble_fraction": _NUM, "steps": int, "warmup_steps": int, "sync_every": int,
     "synchronous_step": (bool, type(None)), "step_time_s": dict,
     "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
     "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
@@ -64,7 +68,8 @@ MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
 # field is left out of it, never guessed. Readers use record.get(field). A record
 # without run_key matches no suite run, so a suite measures it again.
 LATER_FIELDS = {
-    SCHEMA: ("embedding", "run_key", "sync_every", "synchronous_step"),
+    SCHEMA: ("embedding", "run_key", "sync_every", "synchronous_step", "pipeline_stages",
+             "micro_batches", "schedule", "bubble_fraction"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

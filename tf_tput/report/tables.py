@@ -21,11 +21,12 @@ COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
 # from before a field existed (results.LATER_FIELDS) have None there. sync_every too:
 # fetching the loss every k steps lets an asynchronous system overlap steps.
 CONFIG_KEYS = ("model", "dtype", "embedding", "mesh_shape", "layout", "num_devices",
-               "global_batch", "inputs_length", "targets_length", "sync_every")
+               "global_batch", "inputs_length", "targets_length", "sync_every",
+               "pipeline_stages", "micro_batches")
 # What a record from before a field means by its absence, where that is known: the
-# loop fetched every step's loss before sync_every existed. (An old jax record's
+# loop fetched every step's loss before sync_every existed, and no system pipelined. (An old jax record's
 # embedding is not known to be one_hot: it stays None, its own configuration.)
-ABSENT_MEANS = {"sync_every": 1}
+ABSENT_MEANS = {"sync_every": 1, "pipeline_stages": 1, "micro_batches": 1}
 
 
 def config_key(r: dict) -> tuple:
@@ -33,11 +34,13 @@ def config_key(r: dict) -> tuple:
 
 
 def dtype_label(r: dict) -> str:
-  """The dtype, the embedding where it is not mtf's one-hot matmul, and sync_every
-  where the loss is not fetched every step."""
+  """The dtype, the embedding where it is not mtf's one-hot matmul, sync_every where
+  the loss is not fetched every step, and a pipeline's stages x micro-batches."""
   embedding, sync = r.get("embedding"), r.get("sync_every")
+  stages = r.get("pipeline_stages") or 1
   return (r["dtype"] + (f" {embedding}" if embedding not in (None, "one_hot") else "")
-          + (f" sync {sync}" if sync not in (None, 1) else ""))
+          + (f" sync {sync}" if sync not in (None, 1) else "")
+          + (f" pipeline {stages}x{r.get('micro_batches')}" if stages > 1 else ""))
 
 
 def _ratio(r: dict, baselines: dict) -> str:
