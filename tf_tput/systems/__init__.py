@@ -5,6 +5,7 @@
       framework: str                      # which topology resolver it needs ("tf", "jax")
       multi_process: bool                 # can run as several launched processes
       embeddings: tuple                   # the ModelConfig.embedding values it computes
+      pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -49,6 +50,7 @@ class System(Protocol):
   framework: str
   multi_process: bool
   embeddings: tuple
+  pipelines: bool
 
   def build(self, experiment, topology) -> Trainer: ...
 
@@ -72,3 +74,6 @@ def check_experiment(name: str, experiment) -> None:
     raise UsageError(f"ModelConfig.embedding = {embedding!r}: --system={name} computes "
                      f"only {', '.join(system.embeddings)}; drop the binding or choose "
                      "a system that has it")
+  if experiment.pipelined and not system.pipelines:
+    raise UsageError(f"PipelineConfig.stages = {experiment.pipeline.stages}: --system="
+                     f"{name} has no pipeline; use stages = 1 or a system that has one")

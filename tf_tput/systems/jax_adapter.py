@@ -145,6 +145,7 @@ class JaxSystem:
   framework = "jax"
   multi_process = True   # every launched process runs the same program
   embeddings = ("one_hot", "gather")
+  pipelines = False
 
   def build(self, experiment, topology) -> JaxTrainer:
     return JaxTrainer(experiment, topology)

@@ -128,6 +128,7 @@ class MtfSystem:
   framework = "tf"
   multi_process = False  # one Session drives every device: a single controller
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
+  pipelines = False
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":
