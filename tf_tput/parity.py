@@ -1,13 +1,17 @@
-"""Same weights, same batches, two systems: a per-step loss table.
+"""Same weights, same batches, several trainers: a per-step loss table.
 
     python -m tf_tput.parity --gin_file=gin/models/t5_tiny.gin \
         [--mesh=gin/mesh/data2_model2.gin | --mesh='batch:2;model:2'] [--steps=10]
+    python -m tf_tput.parity --gin_file=gin/models/decoder_tiny.gin \
+        --gin_file=gin/pipeline/s2_m8.gin --mesh='batch:2' \
+        --systems=mtf:unpipelined,mtf,jax:unpipelined,jax
 
-Builds the TF baseline (mtf) and the JAX adapter from the same gin files, copies the
-baseline's initial variables into the JAX parameters, feeds both the same batches and
-prints each step's losses and relative difference. Exits 1 when step 0 differs by
-more than --first_step_rtol or any step by more than --rtol: then the two systems do
-not train the same function and their throughputs are not comparable.
+Builds each --systems entry from the same gin files (SYSTEM:unpipelined is the same
+model without its pipeline, on the same devices: tf_tput.pipeline.unpipelined), copies
+the first entry's initial variables into the others, feeds all the same batches and
+prints each step's losses and their relative difference from the first. Exits 1 when
+step 0 differs by more than --first_step_rtol or any step by more than --rtol: then
+they do not train the same function and their throughputs are not comparable.
 """
 
 import sys
@@ -15,9 +19,11 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import config, data, errors, systems
+from tf_tput import config, data, errors, pipeline, systems
 from tf_tput.runtime import topology as topology_lib
 from tf_tput.errors import UsageError
+
+UNPIPELINED = ":unpipelined"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ...")
@@ -25,33 +31,65 @@ flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
 flags.DEFINE_string("mesh", None, "A mesh file (gin/mesh/data2_model2.gin) or a "
                     "mesh_shape ('batch:2;model:2'); sets --num_cpu_devices to its size "
                     "unless given.")
-flags.DEFINE_integer("num_cpu_devices", None, "Virtual CPU devices for both systems.")
+flags.DEFINE_list("systems", ["mtf", "jax"], "Trainers to compare, the first the "
+                  f"reference: system names, each optionally with {UNPIPELINED} (the "
+                  "same model without its pipeline).")
+flags.DEFINE_integer("num_cpu_devices", None, "Virtual CPU devices for every system.")
 flags.DEFINE_integer("steps", 10, "Steps to compare.")
 flags.DEFINE_float("first_step_rtol", 1e-5, "Tolerance on step 0 (same weights, same "
                    "batch: only the arithmetic differs).")
 flags.DEFINE_float("rtol", 1e-3, "Tolerance on every step (optimizer updates included).")
 
 
-def compare(experiment, num_cpu_devices, steps: int) -> list:
-  """[(step, tf loss, jax loss, relative difference)] over `steps` shared batches."""
-  tf_topology = topology_lib.resolve("tf", num_cpu_devices)
-  jax_topology = topology_lib.resolve("jax", num_cpu_devices)
-  baseline = systems.load("mtf").build(experiment, tf_topology)
+def parse_sides(entries, experiment) -> list:
+  """[(label, system name, experiment)] of --systems entries, checked."""
+  if len(entries) < 2:
+    raise UsageError(f"--systems={','.join(entries)} names one trainer; compare at least "
+                     "two, e.g. --systems=mtf,jax")
+  sides = []
+  for entry in entries:
+    name, _, variant = entry.partition(":")
+    systems.check_name(name)
+    if variant and f":{variant}" != UNPIPELINED:
+      raise UsageError(f"--systems entry {entry!r}: {variant!r} is not a variant; write "
+                       f"{name} or {name}{UNPIPELINED}")
+    if variant and not experiment.pipelined:
+      raise UsageError(f"--systems entry {entry!r}: the config has no pipeline; add a "
+                       "gin/pipeline/ file or drop the suffix")
+    chosen = pipeline.unpipelined(experiment) if variant else experiment
+    systems.check_experiment(name, chosen)
+    sides.append((entry, name, chosen))
+  if len(set(entries)) < len(entries):
+    raise UsageError(f"--systems={','.join(entries)} names a trainer twice")
+  return sides
+
+
+def compare(sides, num_cpu_devices, steps: int) -> list:
+  """[(step, [loss of each side], [relative difference from the first])]."""
+  topologies, trainers = {}, []
   try:
-    adapter = systems.load("jax").build(experiment, jax_topology)
+    for _, name, experiment in sides:
+      framework = systems.load(name).framework
+      if framework not in topologies:  # virtual devices are configured once per process
+        topologies[framework] = topology_lib.resolve(framework, num_cpu_devices)
+      trainers.append(systems.load(name).build(experiment, topologies[framework]))
+    initial = trainers[0].export_variables()
+    for trainer in trainers[1:]:
+      trainer.load_variables(initial)
+    rows = []
+    batches = data.batches(sides[0][2])  # the batch does not depend on mesh or pipeline
     try:
-      adapter.load_variables(baseline.export_variables())
-      rows = []
-      batches = data.batches(experiment)
       for step in range(steps):
         batch = next(batches)
-        tf_loss, jax_loss = baseline.step(batch), adapter.step(batch)
-        rows.append((step, tf_loss, jax_loss, abs(jax_loss - tf_loss) / abs(tf_loss)))
-      return rows
+        losses = [trainer.step(batch) for trainer in trainers]
+        rows.append((step, losses, [abs(x - losses[0]) / abs(losses[0]) for x in losses]))
     finally:
-      adapter.close()
+      if hasattr(batches, "close"):
+        batches.close()  # a tfds prefetch thread
+    return rows
   finally:
-    baseline.close()
+    for trainer in reversed(trainers):
+      trainer.close()
 
 
 def _experiment():
@@ -71,20 +109,29 @@ def _experiment():
 
 def run() -> int:
   experiment, num_devices = _experiment()
-  rows = compare(experiment, num_devices if num_devices > 1 else None, FLAGS.steps)
-  print(f"{experiment.model.name}, mesh {experiment.mesh.mesh_shape}, "
-        f"{experiment.model.activation_dtype}: mtf vs jax from the same initial weights")
-  print(f"{'step':>4}  {'mtf loss':>12}  {'jax loss':>12}  {'rel diff':>9}")
+  sides = parse_sides(FLAGS.systems, experiment)
+  rows = compare(sides, num_devices if num_devices > 1 else None, FLAGS.steps)
+  labels = [label for label, _, _ in sides]
+  print(f"{experiment.model.name}, mesh {experiment.mesh.mesh_shape}"
+        + (f" per stage, {experiment.pipeline.stages} stages x "
+           f"{experiment.pipeline.micro_batches} micro-batches" if experiment.pipelined
+           else "") + f", {experiment.model.activation_dtype}: {', '.join(labels)} from "
+        f"{labels[0]}'s initial weights; rel diff is from {labels[0]}")
+  width = max(12, *map(len, labels))
+  print(f"{'step':>4}  " + "  ".join(f"{label:>{width}}" for label in labels) + "  "
+        + "  ".join(f"{'rel ' + label:>{max(9, len(label) + 4)}}" for label in labels[1:]))
   over = []
-  for step, tf_loss, jax_loss, rel in rows:
+  for step, losses, rels in rows:
     limit = FLAGS.first_step_rtol if step == 0 else FLAGS.rtol
-    flag = "" if rel <= limit else f"  > {limit:g}"
+    flag = "" if max(rels) <= limit else f"  > {limit:g}"
     if flag:
       over.append(step)
-    print(f"{step:>4}  {tf_loss:>12.6f}  {jax_loss:>12.6f}  {rel:>9.2e}{flag}")
+    print(f"{step:>4}  " + "  ".join(f"{x:>{width}.6f}" for x in losses) + "  "
+          + "  ".join(f"{r:>{max(9, len(label) + 4)}.2e}" for r, label in
+                      zip(rels[1:], labels[1:])) + flag)
   if over:
     print(f"error: steps {over} exceed the tolerance (step 0: {FLAGS.first_step_rtol:g}, "
-          f"others: {FLAGS.rtol:g}); the systems do not train the same function",
+          f"others: {FLAGS.rtol:g}); they do not train the same function",
           file=sys.stderr)
     return 1
   print(f"parity: all {len(rows)} steps within tolerance "

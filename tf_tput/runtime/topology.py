@@ -77,6 +77,10 @@ def check_strategy(system: str, strategy: str, experiment,
     raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "
                      f"not {experiment.model.activation_dtype}; add "
                      "--gin_param=\"ModelConfig.activation_dtype='bfloat16'\"")
+  if strategy == "tpu" and experiment.pipelined:  # mtf's TPU program is one SIMD mesh
+    raise UsageError(f"--strategy=tpu (mtf's SIMD mesh) does not pipeline; PipelineConfig"
+                     f".stages = {experiment.pipeline.stages} runs under --system=mtf on "
+                     "CPUs/GPUs (one Session) or under --system=jax on TPUs")
 
 
 def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "local",

@@ -3,8 +3,8 @@
 A suite file (gin/suites/*.gin) binds `Suite.name` and `Suite.matrices`, a list of
 `@TrainMatrix()` / `@MicroMatrix()` references; several matrices of one kind take gin
 scopes (`@small/TrainMatrix()`), and unscoped bindings are shared by all of them.
-Every matrix is a cross product: a TrainMatrix of systems x models x meshes x global
-batches x dtypes gives one `python -m tf_tput.train` run per combination, a
+Every matrix is a cross product: a TrainMatrix of systems x models x meshes x
+pipelines x global batches x dtypes gives one `python -m tf_tput.train` run per combination, a
 MicroMatrix of systems x modes x hosts one `python -m tf_tput.micro` run per
 combination.
 
@@ -23,12 +23,13 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, systems
+from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, pipeline, systems
 from tf_tput.records import keys, results
 from tf_tput.runtime import topology
 from tf_tput.errors import UsageError
 
 SUITES_DIR = GIN_DIR / "suites"
+NO_PIPELINE = "none"
 TRAIN_MODULE = "tf_tput.train"
 MICRO_MODULE = "tf_tput.micro"
 
@@ -36,9 +37,11 @@ MICRO_MODULE = "tf_tput.micro"
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class TrainMatrix:
-  """systems x models x meshes x global_batches x dtypes, one tf_tput.train run each."""
+  """systems x models x meshes x pipelines x global_batches x dtypes, one
+  tf_tput.train run each."""
   models: Sequence[str]                    # gin/models/<name>.gin
-  meshes: Sequence[str] = ("single",)      # gin/mesh/<name>.gin
+  meshes: Sequence[str] = ("single",)      # gin/mesh/<name>.gin (a stage's, pipelined)
+  pipelines: Sequence[str] = (NO_PIPELINE,)  # gin/pipeline/<name>.gin
   systems: Sequence[str] = ("mtf", "jax")  # tf_tput.systems.REGISTRY names
   global_batches: Sequence[int] = (8,)
   dtypes: Sequence[str] = ("float32",)     # ModelConfig.activation_dtype
@@ -130,11 +133,12 @@ class Run:
 
 def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
   runs = []
-  for model, mesh, batch, dtype, system in itertools.product(
-      m.models, m.meshes, m.global_batches, m.dtypes, m.systems):
+  for model, mesh, pipe, batch, dtype, system in itertools.product(
+      m.models, m.meshes, m.pipelines, m.global_batches, m.dtypes, m.systems):
     flags = {
         "system": system,
-        "gin_file": [f"gin/models/{model}.gin", f"gin/mesh/{mesh}.gin"],
+        "gin_file": [f"gin/models/{model}.gin", f"gin/mesh/{mesh}.gin"] + (
+            [f"gin/pipeline/{pipe}.gin"] if pipe != NO_PIPELINE else []),
         # The matrix's own axes come last, so they win over matrix.gin_params.
         "gin_param": [*m.gin_params, f"ModelConfig.activation_dtype = '{dtype}'",
                       f"TrainConfig.global_batch = {batch}",
@@ -149,7 +153,8 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
                        strategy, commit)
     runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None}, key,
                     f"{model} {system}{'' if strategy == 'local' else ' ' + strategy} "
-                    f"{dtype} {mesh} batch {batch}", model, strategy))
+                    f"{dtype} {mesh}" + (f" pipeline {pipe}" if pipe != NO_PIPELINE
+                                         else "") + f" batch {batch}", model, strategy))
   return runs
 
 
@@ -253,6 +258,7 @@ def _check(suite: Suite, name: str) -> None:
       _check_list(where, "models", matrix.models, _names("models") - {"t5_common",
                                                                      "decoder_common"})
       _check_list(where, "meshes", matrix.meshes, _names("mesh"))
+      _check_list(where, "pipelines", matrix.pipelines, _names("pipeline") | {NO_PIPELINE})
       _check_list(where, "systems", matrix.systems, set(systems.REGISTRY))
       _check_list(where, "global_batches", matrix.global_batches, kind=int)
       _check_list(where, "dtypes", matrix.dtypes, set(config.DTYPES))
@@ -303,7 +309,12 @@ def validate(run: Run) -> str:
   inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
   tokens = experiment.train.global_batch * models.tokens_per_example(
       m, inputs, d.targets_length)
-  state = models.bytes_per_device(m, experiment.mesh_shape, experiment.layout)["total"]
+  # The fullest stage's parameters and Adafactor state per device (the whole model's
+  # when unpipelined); pipeline.stage_plan also estimates activations.
+  state = max(s["param_bytes"] + s["optimizer_bytes"] for s in pipeline.stage_plan(experiment))
+  stages = (f", {experiment.pipeline.stages} stages x {experiment.pipeline.micro_batches} "
+            "micro-batches" if experiment.pipelined else "")
   return (f"{models.num_params(m):,} params, {experiment.num_devices} devices "
-          f"({experiment.mesh.mesh_shape}), {tokens:,} tokens/step, "
-          f"{state / 2**20:,.1f} MiB params + optimizer state per device")
+          f"({experiment.mesh.mesh_shape}{' per stage' if stages else ''}{stages}), "
+          f"{tokens:,} tokens/step, {state / 2**20:,.1f} MiB params + optimizer state "
+          "per device")
