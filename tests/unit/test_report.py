@@ -229,3 +229,34 @@ def test_runs_with_different_sync_every_are_kept_apart():
   from tf_tput.report import plots
   assert "float32 sync 4" in plots._config_label(windowed)
   assert "sync" not in plots._config_label(every)
+
+
+def _decoder(system, tps, stages=1, micro=1, mesh="batch:2;model:4", num_devices=128,
+             **kw):
+  return train_record(model="decoder_3b", system=system, tokens_per_sec=tps,
+                      arch="decoder", inputs_length=None, mesh_shape=mesh,
+                      num_devices=num_devices, pipeline_stages=stages, micro_batches=micro,
+                      schedule="gpipe" if stages > 1 else None,
+                      bubble_fraction=(stages - 1) / (micro + stages - 1), **kw)
+
+
+def test_table2_rows_per_partitioning_against_each_systems_spmd_and_the_paper():
+  records = [_decoder("jax", 1000.0, run_id="a"), _decoder("mtf", 500.0, run_id="b"),
+             _decoder("jax", 1100.0, 4, 16, "batch:32", run_id="c"),
+             _decoder("jax", 900.0, 16, 64, "batch:8", run_id="d"),
+             # another global batch: its own group, not compared with the others
+             _decoder("jax", 50.0, 4, 16, "batch:32", run_id="e", global_batch=16)]
+  header, rows = tables.table2(records)
+  by_part = {(row[4], row[3]): dict(zip(header, row)) for row in rows}
+  spmd = by_part[("SPMD batch:2;model:4", "8 x 128")]
+  assert spmd["jax vs SPMD"] == "1.00x" and spmd["mtf vs SPMD"] == "1.00x"
+  assert spmd["published Pathways tokens/s (TPUv3 cores)"] == "125,700 (128)"
+  s4 = by_part[("pipeline 4x16, batch:32 per stage", "8 x 128")]
+  assert s4["jax vs SPMD"] == "1.10x" and s4["mtf tokens/s [spread]"] == "not run"
+  assert s4["bubble"] == "0.158" and s4["published vs SPMD"] == "1.06x"
+  s16 = by_part[("pipeline 16x64, batch:8 per stage", "8 x 128")]
+  assert s16["published Pathways tokens/s (TPUv3 cores)"] == "131,400 (128)"  # not 512's
+  alone = by_part[("pipeline 4x16, batch:32 per stage", "16 x 128")]
+  assert alone["jax vs SPMD"] == "–"  # no SPMD row at that batch
+  assert published.table_row(_decoder("jax", 1.0, 16, 64, num_devices=512))[3] == 507800
+  assert tables.dtype_label(records[2]) == "float32 pipeline 4x16"

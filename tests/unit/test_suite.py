@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tf_tput import config
 from tf_tput import suite as suites
 from tf_tput.records import keys, results
 from tf_tput.errors import UsageError
@@ -11,7 +12,8 @@ from tf_tput.suite import __main__ as suite_main
 
 from record_fixtures import micro_record, train_record
 
-SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_paper"]
+SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
+          "table2_paper"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -217,3 +219,24 @@ def test_train_flags_reach_train_runs_only_and_may_not_change_what_is_measured()
       suites.check_train_flags([flag])
   with pytest.raises(UsageError, match="is not a flag"):
     suites.check_train_flags(["tpu=local"])
+
+
+def test_table2_suites_hold_batch_and_length_constant_across_partitionings():
+  """The paper's pitfall: every row of a Table 2 suite trains the same global batch
+  and length on the same devices (per core count), only the partitioning differs."""
+  for name, shapes in (("table2_local", {(1, 1), (2, 8), (4, 16)}),
+                       ("table2_paper", {(1, 1), (4, 16), (8, 32), (16, 64)})):
+    by_devices = {}
+    for run in suites.expand(suites.load(name)):
+      experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
+      p = experiment.pipeline
+      by_devices.setdefault(experiment.num_devices, set()).add(
+          (experiment.train.global_batch, experiment.data.targets_length,
+           (p.stages, p.micro_batches)))
+    seen = set()
+    for rows in by_devices.values():
+      assert len({(batch, length) for batch, length, _ in rows}) == 1, (name, rows)
+      seen |= {shape for _, _, shape in rows}
+    assert seen == shapes, name
+  paper = {run.label for run in suites.expand(suites.load("table2_paper"))}
+  assert len(paper) == 6  # SPMD for both systems, four pipelines for jax

@@ -86,6 +86,14 @@ def _train_section(train: list, plots: dict) -> list:
          "another machine and scale, never divided by a local figure.", ""]
   if plots.get("tokens_per_sec"):
     out += [f"![tokens/s per system and model]({plots['tokens_per_sec']})", ""]
+  if any(r["arch"] == "decoder" for r in train):
+    header, rows = tables.table2(train)
+    out += ["## Partitioning a decoder (Table 2 style)", "", tables.markdown(header, rows),
+            "", "Runs of one model, dtype, device count, global batch and length; 'vs "
+            "SPMD' divides by the same system's fastest SPMD row there. bubble: the "
+            "GPipe schedule's idle fraction (S-1)/(M+S-1), theoretical. Virtual CPU "
+            "devices share the host's cores, so a local pipeline shows its scheduling "
+            "and transfer costs, not a speed-up.", ""]
   failed = [r for r in train if r["status"] != "ok"]
   if failed:
     out += ["### Failed runs", ""]

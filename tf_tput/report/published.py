@@ -52,15 +52,23 @@ FIG5_NOTE = ("Fig. 5's values are plotted only (no table): JAX OpByOp far ahead 
              "TPU cores; Ray about 10x slower per computation than Pathways.")
 
 
-def table_row(model: str):
-  """(source, TPU cores, JAX tokens/s, Pathways tokens/s) published for this model
-  name, or None. decoder_3b: Table 2's SPMD row (Pathways only)."""
+def table_row(r: dict):
+  """(source, TPU cores, JAX tokens/s, Pathways tokens/s) published for a record's
+  model name (and, for Table 2, its pipeline: stages x micro-batches, the core count
+  where two rows share them), or None. Table 2 has Pathways figures only."""
+  model = r["model"]
   if model in TABLE1_T5:
     _, cores, jax_tps, pathways_tps = TABLE1_T5[model]
     return "Table 1", cores, jax_tps, pathways_tps
   if model == TABLE2_MODEL:
-    _, _, _, cores, tps = TABLE2_DECODER_3B[0]
-    return "Table 2, SPMD", cores, None, tps
+    stages = r.get("pipeline_stages") or 1
+    rows = [row for row in TABLE2_DECODER_3B
+            if (row[1] or 1, row[2] or 1) == (stages, r.get("micro_batches") or 1)]
+    rows.sort(key=lambda row: row[3] != r["num_devices"])  # the same core count first
+    if rows:
+      config, _, micro_batches, cores, tps = rows[0]
+      label = "SPMD" if config == "spmd" else f"pipeline {stages}x{micro_batches}"
+      return f"Table 2, {label}", cores, None, tps
   return None
 
 

@@ -242,7 +242,7 @@ def table1(records: list) -> tuple:
       if s != BASELINE_SYSTEM:
         row.append(f"{medians[s] / medians[BASELINE_SYSTEM]:.2f}x"
                    if s in medians and BASELINE_SYSTEM in medians else "–")
-    pub = published.table_row(first["model"])
+    pub = published.table_row(first)
     row += ([str(pub[1]), f"{pub[2]:,}" if pub[2] else "–", f"{pub[3]:,}",
              percent(published.implied_mfu(first["model"], pub[3], pub[1]))] if pub
             else ["–", "–", "–", "–"])
@@ -348,3 +348,54 @@ def csv_row(r: dict) -> dict:
     else:
       row[name] = value
   return row
+
+
+def _partitioning(r: dict) -> str:
+  stages = r.get("pipeline_stages") or 1
+  if stages == 1:
+    return f"SPMD {r['mesh_shape']}"
+  return f"pipeline {stages}x{r.get('micro_batches')}, {r['mesh_shape']} per stage"
+
+
+def table2(records: list) -> tuple:
+  """(header, rows): Table 2 as numbers. Decoder-only runs grouped by model, dtype,
+  devices, global batch and length (the paper's pitfall: hold those constant), one
+  row per partitioning (SPMD mesh or S x M pipeline), per system its tokens/s and its
+  ratio to its own fastest SPMD row of the group, then the published Pathways figure
+  for the same S x M (decoder_3b only) and its ratio to the published SPMD row."""
+  decoders = [r for r in records if r["arch"] == "decoder"]
+  names = systems_in(decoders)
+  header = ["model", "dtype", "devices", "batch x length", "partitioning", "bubble"]
+  for s in names:
+    header += [f"{s} tokens/s [spread]", f"{s} vs SPMD"]
+  header += ["published Pathways tokens/s (TPUv3 cores)", "published vs SPMD"]
+  by_group = group(decoders, lambda r: (r["model"], r["dtype"], r["num_devices"],
+                                        r["global_batch"], r["targets_length"]))
+  rows = []
+  published_spmd = published.TABLE2_DECODER_3B[0][4]
+  for runs in by_group.values():
+    medians = {}  # (partitioning, system) -> median tokens/s
+    for key, mine in group(runs, lambda r: (_partitioning(r), r["system"])).items():
+      ok = [r for r in mine if r["status"] == "ok"]
+      if ok:
+        medians[key] = tokens_band(ok)
+    spmd = {}  # per system its fastest SPMD row: what a pipeline has to beat
+    for (part, s), band in medians.items():
+      if part.startswith("SPMD"):
+        spmd[s] = max(spmd.get(s, 0), band[0])
+    for part, mine in group(runs, _partitioning).items():
+      first = mine[0]
+      row = [first["model"], first["dtype"], str(first["num_devices"]),
+             f"{first['global_batch']} x {first['targets_length']}", part,
+             f"{first.get('bubble_fraction') or 0:.3f}"]
+      for s in names:
+        band = medians.get((part, s))
+        tried = any(r["system"] == s for r in mine)
+        row += ([f"{band[0]:,.0f} [{_si(band[1])}–{_si(band[2])}]",
+                 f"{band[0] / spmd[s]:.2f}x" if s in spmd else "–"] if band
+                else ["failed" if tried else "not run", "–"])
+      pub = published.table_row(first)
+      row += ([f"{pub[3]:,} ({pub[1]})", f"{pub[3] / published_spmd:.2f}x"] if pub
+              else ["–", "–"])
+      rows.append(row)
+  return header, rows
