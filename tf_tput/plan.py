@@ -54,8 +54,9 @@ def format_text(p: dict) -> str:
   return "\n".join([
       f"model                  {p['model']} ({p['arch']})",
       f"parameters             {p['num_params']:,}",
-      f"mesh                   {p['mesh_shape']} ({p['num_devices']} devices), "
-      f"layout {p['layout']}",
+      f"mesh                   {p['mesh_shape']}"
+      + (f" per stage x {p['pipeline_stages']} stages" if p["schedule"] else "")
+      + f" ({p['num_devices']} devices), layout {p['layout']}",
       f"batch x lengths        {p['global_batch']} x (inputs {p['inputs_length']}, "
       f"targets {p['targets_length']}) = {p['tokens_per_step']:,} tokens/step",
       f"model FLOPs per token  {p['model_flops_per_token']:.4g} (3 x forward matmuls)",

@@ -39,3 +39,27 @@ def test_plan_text_and_bad_file():
   assert proc.returncode == 0 and "136,292,097,024" in proc.stdout
   proc = run_cli("tf_tput.plan", "--gin_file=nope.gin")
   assert proc.returncode == 2 and proc.stderr.startswith("error: gin file 'nope.gin'")
+
+
+def test_plan_of_the_papers_deepest_pipeline_per_stage():
+  """decoder_3b at 16 stages x 64 micro-batches on 128 devices: a row per stage."""
+  proc = run_cli("tf_tput.plan", "--gin_file=gin/models/decoder_3b.gin",
+                 "--gin_file=gin/mesh/data8.gin", "--gin_file=gin/pipeline/s16_m64.gin",
+                 "--gin_param=TrainConfig.global_batch = 2048",
+                 "--gin_param=DataConfig.targets_length = 1024", "--format=json")
+  assert proc.returncode == 0, proc.stderr
+  plan = json.loads(proc.stdout)
+  assert plan["num_devices"] == 128 and plan["pipeline_stages"] == 16
+  assert plan["bubble_fraction"] == pytest.approx(15 / 79)
+  stages = plan["stages"]
+  assert [s["layers"][1] - s["layers"][0] for s in stages] == [3] + [4] * 14 + [3]
+  # The embedding (and relative bias, 16 x 32) on the first stage, its softmax copy
+  # (and the final norm, d_model) on the last.
+  assert stages[0]["params"] - 16 * 32 == stages[-1]["params"] - 2048 > stages[1]["params"]
+  assert all(s["total_bytes"] == s["param_bytes"] + s["optimizer_bytes"]
+             + s["activation_bytes"] for s in stages)
+  text = run_cli("tf_tput.plan", "--gin_file=gin/models/decoder_3b.gin",
+                 "--gin_file=gin/mesh/data8.gin", "--gin_file=gin/pipeline/s16_m64.gin",
+                 "--gin_param=TrainConfig.global_batch = 2048")
+  assert "batch:8 per stage x 16 stages (128 devices)" in text.stdout
+  assert "bubble (S-1)/(M+S-1) = 0.190" in text.stdout
