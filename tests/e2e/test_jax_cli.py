@@ -74,8 +74,9 @@ def test_two_launched_processes_share_one_mesh(tmp_path):
 
 
 # On one device the same parity is asserted in-process (tests/unit/test_jax_model.py);
-# here the entry point on a sharded mesh, where the layouts must agree too.
-@pytest.mark.parametrize("model", ["t5_tiny", "decoder_tiny"])
+# here the entry point on a sharded mesh, where the layouts must agree too. The
+# decoder is compared on 4 devices by tests/e2e/test_pipeline_cli.py.
+@pytest.mark.parametrize("model", ["t5_tiny"])
 @pytest.mark.parametrize("mesh", [[f"--mesh={MESH_2X2}"]], ids=["2x2"])
 def test_parity_with_mtf_float32(model, mesh):
   proc = run_cli("tf_tput.parity", f"--gin_file=gin/models/{model}.gin", *mesh,
