@@ -1,0 +1,191 @@
+"""Islands on one machine: Linux network namespaces joined by rate-limited links.
+
+Pathways §5.3 trains across islands of TPUs whose gradients cross a data-centre
+network slower than the links inside an island. Here an island is a network
+namespace with its own address; its processes start inside it and reach each other
+over its loopback. Two islands are joined by one veth pair, more by a veth pair each
+to a bridge in a namespace of its own. Each island's end of its link is shaped with
+`tc ... tbf` at the DCN rate (netem does not exist on these kernels), so what one
+island sends to the others is limited to that rate; the link's byte counters say how
+much crossed.
+
+Addresses come only from 198.18.0.0/15, reserved for network benchmarks (RFC 2544),
+and live only inside the namespaces made here: the host's own interfaces and routes
+are never touched. Everything made is removed on success, failure, Ctrl-C and SIGTERM
+(the context manager) and when the process that made it is killed outright: a reaper
+process, started first, waits on a pipe whose other end only this process holds, and
+removes the namespaces when it closes (as the kernel closes it on any death).
+"""
+
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+from tf_tput.errors import UsageError
+
+ADDRESS_BLOCK = ipaddress.ip_network("198.18.0.0/15")
+# Namespaces are isolated from the host and from each other's runs: every run can use
+# the same subnet without meeting another.
+SUBNET = ipaddress.ip_network("198.18.0.0/24")
+NO_LIMIT = "none"
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+TBF_LATENCY = "100ms"   # how long a packet may queue before tbf drops it
+MIN_BURST_BYTES = 64 * 1024
+COMMAND_TIMEOUT_S = 20.0
+
+# The reaper: reads its stdin until EOF (the maker closed it or died), then removes
+# the namespaces named in its arguments. Runs in a session of its own, so signals to
+# the maker's terminal or process group do not reach it.
+_REAPER = ("import subprocess, sys\n"
+           "sys.stdin.buffer.read()\n"
+           "for name in sys.argv[1:]:\n"
+           "  subprocess.run(['ip', 'netns', 'delete', name], stderr=subprocess.DEVNULL)\n")
+
+
+def parse_rate(text: str) -> Optional[int]:
+  """'1gbit' -> 10**9 bits/s, '200mbit' -> 2 * 10**8; 'none' -> None (no limit)."""
+  if text == NO_LIMIT:
+    return None
+  match = _RATE.match(text or "")
+  if not match or float(match.group(1)) <= 0:
+    raise UsageError(f"--dcn_rate={text!r} is not a rate; write e.g. 1gbit, 200mbit, "
+                     f"500kbit or {NO_LIMIT}")
+  return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
+
+
+def missing() -> Optional[str]:
+  """What this machine lacks to make islands (root, iproute2's ip and tc), or None."""
+  if os.geteuid() != 0:
+    return "islands need root (network namespaces); run as root or without --islands"
+  for tool in ("ip", "tc"):
+    if shutil.which(tool) is None:
+      return (f"islands need iproute2's {tool!r}, which is not on PATH; install "
+              "iproute2 (apt-get install iproute2)")
+  return None
+
+
+def _run(args: list) -> str:
+  proc = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+  if proc.returncode:
+    raise RuntimeError(f"{' '.join(args)} failed: {proc.stderr.strip()[-300:]}")
+  return proc.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class Island:
+  index: int
+  namespace: str
+  address: str      # this island's address on the inter-island link
+  link: str         # its end of the link (a veth inside the namespace)
+
+  def exec_prefix(self) -> list:
+    """Prepended to a command to run it inside the island."""
+    return ["ip", "netns", "exec", self.namespace]
+
+
+class IslandNetwork:
+  """K islands joined by links shaped at rate_bits_per_s (None: unshaped).
+
+      with IslandNetwork(2, 10**9) as net:
+        subprocess.run(net.islands[0].exec_prefix() + command)
+        net.link_bytes()   # bytes each island sent and received on its link
+  """
+
+  def __init__(self, num_islands: int, rate_bits_per_s: Optional[int], tag: str = ""):
+    if num_islands < 2:
+      raise UsageError(f"--islands={num_islands}; islands are joined by links: pass >= 2, "
+                       "or leave --islands unset for one")
+    if num_islands > SUBNET.num_addresses - 3:
+      raise UsageError(f"--islands={num_islands}; at most {SUBNET.num_addresses - 3}")
+    self.rate_bits_per_s = rate_bits_per_s
+    self._tag = tag or f"tt{os.getpid()}"
+    hosts = list(SUBNET.hosts())
+    self.islands = [Island(k, f"{self._tag}i{k}", str(hosts[k]), f"{self._tag}v{k}")
+                    for k in range(num_islands)]
+    self._bridge = f"{self._tag}br" if num_islands > 2 else None
+    self._reaper = None
+
+  @property
+  def namespaces(self) -> list:
+    return [i.namespace for i in self.islands] + ([self._bridge] if self._bridge else [])
+
+  def __enter__(self):
+    problem = missing()
+    if problem:
+      raise UsageError(problem)
+    # Started before anything exists, so nothing can outlive this process.
+    self._reaper = subprocess.Popen([sys.executable, "-c", _REAPER, *self.namespaces],
+                                    stdin=subprocess.PIPE, start_new_session=True)
+    try:
+      self._create()
+    except BaseException:
+      self.remove()
+      raise
+    return self
+
+  def __exit__(self, *exc):
+    self.remove()
+
+  def _create(self) -> None:
+    for name in self.namespaces:
+      _run(["ip", "netns", "add", name])
+      _run(["ip", "-n", name, "link", "set", "lo", "up"])
+    if self._bridge:
+      _run(["ip", "-n", self._bridge, "link", "add", "br0", "type", "bridge"])
+      _run(["ip", "-n", self._bridge, "link", "set", "br0", "up"])
+    first, second = self.islands[0], self.islands[1]
+    if not self._bridge:  # two islands: one veth pair, an end in each
+      _run(["ip", "link", "add", first.link, "netns", first.namespace, "type", "veth",
+            "peer", "name", second.link, "netns", second.namespace])
+    else:
+      for island in self.islands:  # each island's veth to a port of the bridge
+        port = f"{self._tag}p{island.index}"
+        _run(["ip", "link", "add", island.link, "netns", island.namespace, "type", "veth",
+              "peer", "name", port, "netns", self._bridge])
+        _run(["ip", "-n", self._bridge, "link", "set", port, "master", "br0", "up"])
+    for island in self.islands:
+      ns = island.namespace
+      _run(["ip", "-n", ns, "addr", "add", f"{island.address}/{SUBNET.prefixlen}", "dev",
+            island.link])
+      _run(["ip", "-n", ns, "link", "set", island.link, "up"])
+      if self.rate_bits_per_s:
+        # tbf needs a bucket of at least one timer tick's worth of bytes at the rate.
+        burst = max(MIN_BURST_BYTES, self.rate_bits_per_s // 8 // 100)
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", island.link, "root", "tbf", "rate",
+              f"{self.rate_bits_per_s}bit", "burst", str(burst), "latency", TBF_LATENCY])
+
+  def link_bytes(self) -> list:
+    """[(bytes sent, bytes received)] of each island's link end, since it was made."""
+    out = []
+    for island in self.islands:
+      info = json.loads(_run(["ip", "-n", island.namespace, "-j", "-s", "link", "show",
+                              "dev", island.link]))[0]
+      stats = info.get("stats64", info.get("stats"))
+      out.append((int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])))
+    return out
+
+  def remove(self) -> None:
+    """Deletes every namespace made (their links go with them); safe to repeat."""
+    existing = set(list_namespaces())
+    for name in self.namespaces:
+      if name in existing:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True,
+                       timeout=COMMAND_TIMEOUT_S)
+    if self._reaper is not None:
+      self._reaper.stdin.close()  # nothing left for it to do; it exits
+      self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
+      self._reaper = None
+
+
+def list_namespaces() -> list:
+  """The names `ip netns list` shows."""
+  proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                        timeout=COMMAND_TIMEOUT_S)
+  return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
