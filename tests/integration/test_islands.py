@@ -67,6 +67,10 @@ def test_two_islands_send_at_most_the_link_rate_and_count_the_bytes():
   with islands.IslandNetwork(2, 8 * 10**6) as net:  # 8 Mbit/s: 1 MB takes >= 1 s
     assert {i.namespace for i in net.islands} <= set(islands.list_namespaces())
     assert all(i.address.startswith("198.18.") for i in net.islands)
+    resolved = subprocess.run(net.islands[1].exec_prefix() + [
+        sys.executable, "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert resolved == net.islands[1].address  # what gloo binds to
     received, seconds = _send(net, 1, [0], 10**6)
     assert received == 10**6
     assert seconds >= 0.9  # cannot beat the shaped rate (TCP headers add to it)
@@ -93,6 +97,7 @@ def test_an_error_inside_removes_everything():
     with islands.IslandNetwork(2, 10**9):
       raise RuntimeError("boom")
   assert islands.list_namespaces() == before
+  assert not list(islands.NETNS_ETC.glob(f"tt{os.getpid()}*"))
 
 
 @needs_islands
@@ -113,6 +118,7 @@ def test_a_maker_that_is_killed_leaves_nothing(sig):
     while islands.list_namespaces() != before and time.monotonic() < deadline:
       time.sleep(0.2)
     assert islands.list_namespaces() == before
+    assert not any((islands.NETNS_ETC / f"tt{maker.pid}i{k}").exists() for k in range(3))
   finally:
     maker.kill()
 

@@ -11,7 +11,10 @@ much crossed.
 
 Addresses come only from 198.18.0.0/15, reserved for network benchmarks (RFC 2544),
 and live only inside the namespaces made here: the host's own interfaces and routes
-are never touched. Everything made is removed on success, failure, Ctrl-C and SIGTERM
+are never touched. Inside an island this host's name resolves to the island's
+address (`ip netns exec` reads /etc/netns/<namespace>/hosts as /etc/hosts), so
+libraries that bind to the host name, as gloo does, bind to the island's link.
+Everything made is removed on success, failure, Ctrl-C and SIGTERM
 (the context manager) and when the process that made it is killed outright: a reaper
 process, started first, waits on a pipe whose other end only this process holds, and
 removes the namespaces when it closes (as the kernel closes it on any death).
@@ -21,8 +24,10 @@ import dataclasses
 import ipaddress
 import json
 import os
+import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from typing import Optional
@@ -39,14 +44,16 @@ _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 TBF_LATENCY = "100ms"   # how long a packet may queue before tbf drops it
 MIN_BURST_BYTES = 64 * 1024
 COMMAND_TIMEOUT_S = 20.0
+NETNS_ETC = pathlib.Path("/etc/netns")  # iproute2's per-namespace /etc overlay
 
 # The reaper: reads its stdin until EOF (the maker closed it or died), then removes
 # the namespaces named in its arguments. Runs in a session of its own, so signals to
 # the maker's terminal or process group do not reach it.
-_REAPER = ("import subprocess, sys\n"
+_REAPER = ("import shutil, subprocess, sys\n"
            "sys.stdin.buffer.read()\n"
            "for name in sys.argv[1:]:\n"
-           "  subprocess.run(['ip', 'netns', 'delete', name], stderr=subprocess.DEVNULL)\n")
+           "  subprocess.run(['ip', 'netns', 'delete', name], stderr=subprocess.DEVNULL)\n"
+           f"  shutil.rmtree({str(NETNS_ETC)!r} + '/' + name, ignore_errors=True)\n")
 
 
 def parse_rate(text: str) -> Optional[int]:
@@ -137,6 +144,10 @@ class IslandNetwork:
     for name in self.namespaces:
       _run(["ip", "netns", "add", name])
       _run(["ip", "-n", name, "link", "set", "lo", "up"])
+      # IPv6's own chatter (router solicitations, address probes) would cross the
+      # links at random moments and blur their byte counters.
+      _run(["ip", "netns", "exec", name, "sysctl", "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])
     if self._bridge:
       _run(["ip", "-n", self._bridge, "link", "add", "br0", "type", "bridge"])
       _run(["ip", "-n", self._bridge, "link", "set", "br0", "up"])
@@ -152,6 +163,10 @@ class IslandNetwork:
         _run(["ip", "-n", self._bridge, "link", "set", port, "master", "br0", "up"])
     for island in self.islands:
       ns = island.namespace
+      etc = NETNS_ETC / ns
+      etc.mkdir(parents=True, exist_ok=True)
+      (etc / "hosts").write_text(f"127.0.0.1 localhost\n{island.address} "
+                                 f"{socket.gethostname()}\n")
       _run(["ip", "-n", ns, "addr", "add", f"{island.address}/{SUBNET.prefixlen}", "dev",
             island.link])
       _run(["ip", "-n", ns, "link", "set", island.link, "up"])
@@ -178,6 +193,7 @@ class IslandNetwork:
       if name in existing:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True,
                        timeout=COMMAND_TIMEOUT_S)
+      shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
     if self._reaper is not None:
       self._reaper.stdin.close()  # nothing left for it to do; it exits
       self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
