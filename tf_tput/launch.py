@@ -16,6 +16,15 @@ A TF cluster (N tf.distribute.Server workers, the command as their chief):
 The workers (tf_tput.runtime.tf_server) listen on free loopback ports (or --port onwards) and
 must serve within --start_timeout_s; the command gets TF_CONFIG naming it the chief.
 
+JAX processes across islands (tf_tput.runtime.islands: network namespaces joined by
+links shaped to --dcn_rate; needs root and iproute2):
+
+    python -m tf_tput.launch --islands=2 --dcn_rate=1gbit --num_processes=4 -- \
+        python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
+
+The processes split into the islands in order; the launcher removes the namespaces it
+made however it ends.
+
 When any process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL
 after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
 """
@@ -25,7 +34,8 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput.runtime import processes, tf_workers
+from tf_tput.errors import UsageError
+from tf_tput.runtime import islands, processes, tf_workers
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "JAX: processes to start, each running the "
@@ -38,6 +48,12 @@ flags.DEFINE_integer("port", 0, "TF: first of num_workers + 1 consecutive loopba
 flags.DEFINE_float("start_timeout_s", 60.0, "TF: seconds the workers get to start serving.")
 flags.DEFINE_float("grace_s", 5.0, "Seconds between SIGTERM and SIGKILL when stopping.")
 flags.DEFINE_float("timeout_s", None, "Stop everything and fail after this many seconds.")
+flags.DEFINE_integer("islands", None, "JAX: split the processes into this many islands, "
+                     "network namespaces on 198.18.0.0/15 joined by links shaped to "
+                     "--dcn_rate (needs root and iproute2). Unset: loopback, one island.")
+flags.DEFINE_string("dcn_rate", islands.NO_LIMIT, "With --islands: the rate each "
+                    "island's link sends at, as tc writes it (1gbit, 200mbit), or "
+                    f"{islands.NO_LIMIT}.")
 
 
 def _usage(message: str) -> int:
@@ -71,6 +87,12 @@ def main(argv) -> int:
   if not command:
     return _usage("no command to launch; put it after --, e.g. python -m tf_tput.launch "
                   "--num_processes=2 -- python -m tf_tput.train --system=jax ...")
+  if FLAGS.islands is not None and FLAGS.num_workers is not None:
+    return _usage("--islands starts JAX processes (--num_processes); TF workers in "
+                  "islands are not implemented yet")
+  if FLAGS.dcn_rate != islands.NO_LIMIT and FLAGS.islands is None:
+    return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
+                  "--islands=K")
   if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
     return _usage("give exactly one of --num_processes=N (JAX processes) or "
                   "--num_workers=N (TF workers, the command as their chief)")
@@ -79,9 +101,23 @@ def main(argv) -> int:
       return _tf_cluster(command)
     if FLAGS.num_processes < 1:
       return _usage(f"--num_processes={FLAGS.num_processes}; it must be >= 1")
-    return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s, FLAGS.timeout_s)
-  except processes.StartError as e:
+    if FLAGS.islands is None:
+      return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
+                              FLAGS.timeout_s)
+    return _in_islands(command)
+  except (processes.StartError, UsageError) as e:
     return _usage(str(e))
+
+
+def _in_islands(command) -> int:
+  rate = islands.parse_rate(FLAGS.dcn_rate)
+  if FLAGS.islands < 2 or FLAGS.num_processes % FLAGS.islands:
+    raise UsageError(f"--islands={FLAGS.islands} with --num_processes="
+                     f"{FLAGS.num_processes}: give >= 2 islands that divide the processes "
+                     "evenly")
+  with islands.IslandNetwork(FLAGS.islands, rate) as network:
+    return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
+                            FLAGS.timeout_s, network=network)
 
 
 if __name__ == "__main__":

@@ -134,29 +134,41 @@ def how(code: int) -> str:
 
 
 def launch(command: list, num_processes: int, grace_s: float,
-           timeout_s: float = None, reraise_interrupt: bool = False) -> int:
+           timeout_s: float = None, reraise_interrupt: bool = False,
+           network=None) -> int:
   """Runs `command` in num_processes processes; 0 when all succeed.
 
+  With `network` (a runtime.islands.IslandNetwork) the processes split into its
+  islands in order, each started inside its island, the coordinator on island 0's
+  address; otherwise on loopback.
   On Ctrl-C / SIGTERM every process is stopped, then the exit code is 128 + signal,
   or KeyboardInterrupt is raised when the caller has more to stop (reraise_interrupt).
   """
-  coordinator = f"127.0.0.1:{free_loopback_port()}"
+  host = network.islands[0].address if network else "127.0.0.1"
+  coordinator = f"{host}:{free_loopback_port()}"  # a namespace's ports are all free
   procs = []
   with recording_signals() as interrupted:
     try:
       return _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                         coordinator, procs, interrupted)
+                         coordinator, procs, interrupted, network)
     finally:
       stop(procs, grace_s)  # no orphans, whatever happened
 
 
 def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                coordinator, procs, interrupted) -> int:
+                coordinator, procs, interrupted, network) -> int:
+  islands = network.islands if network else []
   for index in range(num_processes):
     env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
                               topology.NUM_PROCESSES_ENV: str(num_processes),
                               topology.PROCESS_ID_ENV: str(index)})
-    procs.append(popen(command, env=env))
+    prefix = []
+    if islands:
+      island = islands[index * len(islands) // num_processes]
+      env.update({topology.ISLAND_ENV: str(island.index),
+                  topology.NUM_ISLANDS_ENV: str(len(islands))})
+      prefix = island.exec_prefix()
+    procs.append(popen(prefix + list(command), env=env))
   started = time.monotonic()
   while True:
     if interrupted:
@@ -171,8 +183,9 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     if failed:
       index, code = failed[0]
       stop(procs, grace_s)
-      print(f"error: process {index} (pid {procs[index].pid}) {how(code)}; stopped the "
-            f"other {num_processes - 1}", file=sys.stderr)
+      where = (f" in island {index * len(islands) // num_processes}" if islands else "")
+      print(f"error: process {index} (pid {procs[index].pid}){where} {how(code)}; "
+            f"stopped the other {num_processes - 1}", file=sys.stderr)
       return 1
     if all(c == 0 for c in codes):
       return 0

@@ -55,6 +55,9 @@ class Topology:
 COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
 NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
 PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
+# Set by tf_tput.launch --islands: which island (network namespace) a process is in.
+ISLAND_ENV = "TF_TPUT_ISLAND"
+NUM_ISLANDS_ENV = "TF_TPUT_NUM_ISLANDS"
 
 
 def launched_processes() -> tuple:
@@ -161,7 +164,8 @@ def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
     jax.config.update("jax_num_cpu_devices", num_cpu_devices)
   if num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    coordinator = os.environ[COORDINATOR_ENV]  # 127.0.0.1:port: loopback only
+    # 127.0.0.1:port, or island 0's address inside the islands tf_tput.launch made
+    coordinator = os.environ[COORDINATOR_ENV]
     jax.distributed.initialize(coordinator_address=coordinator,
                                coordinator_bind_address=coordinator,
                                num_processes=num_processes, process_id=process_id)

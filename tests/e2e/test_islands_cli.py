@@ -1,0 +1,115 @@
+"""tf_tput.launch --islands: JAX processes inside network namespaces joined by shaped
+links; every namespace removed however the launch ends. Needs root and iproute2."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tf_tput.runtime import islands
+
+from cli_helpers import REPO, error_lines, run_cli
+
+pytestmark = [pytest.mark.skipif(islands.missing() is not None,
+                                 reason=str(islands.missing())),
+              pytest.mark.usefixtures("no_leftover_processes")]
+
+# Each child checks where it is, then behaves as its process id says.
+CHILD = """
+import os, socket, sys, time
+index = int(os.environ["TF_TPUT_PROCESS_ID"])
+island = int(os.environ["TF_TPUT_ISLAND"])
+assert island == index * 2 // 4 and os.environ["TF_TPUT_NUM_ISLANDS"] == "2"
+assert os.environ["TF_TPUT_COORDINATOR"].startswith("198.18.0.1:")
+assert socket.gethostbyname(socket.gethostname()) == f"198.18.0.{island + 1}"
+print("up", index, flush=True)
+if sys.argv[1] == "die" and index == 3:
+  time.sleep(1)
+  os.kill(os.getpid(), 9)
+if sys.argv[1] != "ok":
+  time.sleep(600)
+"""
+
+
+def _launch(behaviour: str) -> list:
+  return [sys.executable, "-m", "tf_tput.launch", "--islands=2", "--num_processes=4",
+          "--", sys.executable, "-c", CHILD, behaviour]
+
+
+def test_processes_run_in_their_islands_and_the_namespaces_go():
+  before = islands.list_namespaces()
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=100mbit",
+                 "--num_processes=4", "--", sys.executable, "-c", CHILD, "ok", timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert islands.list_namespaces() == before
+
+
+def test_a_process_killed_in_one_island_stops_all_within_30_s():
+  before = islands.list_namespaces()
+  start = time.monotonic()
+  proc = run_cli("tf_tput.launch", "--islands=2", "--num_processes=4", "--",
+                 sys.executable, "-c", CHILD, "die", timeout=120)
+  assert time.monotonic() - start < 30
+  assert proc.returncode == 1
+  assert error_lines(proc.stderr) == [
+      f"error: process 3 (pid {_pid_of(proc.stderr)}) in island 1 was killed by signal 9; "
+      "stopped the other 3"]
+  assert islands.list_namespaces() == before
+
+
+def _pid_of(stderr: str) -> str:
+  return stderr.split("(pid ", 1)[1].split(")", 1)[0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_launcher_leaves_no_namespace(sig):
+  before = islands.list_namespaces()
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  launcher = subprocess.Popen(_launch("wait"), cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    for _ in range(4):
+      assert launcher.stdout.readline().startswith("up")
+    launcher.send_signal(sig)
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 20  # after SIGKILL the reaper and the children act
+    while islands.list_namespaces() != before and time.monotonic() < deadline:
+      time.sleep(0.2)
+    assert islands.list_namespaces() == before
+    if sig != signal.SIGKILL:
+      assert launcher.returncode == 128 + sig
+  finally:
+    launcher.kill()
+    launcher.wait()
+
+
+def test_jax_trains_data_parallel_across_two_islands(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_processes=2",
+                 "--", sys.executable, "-m", "tf_tput.train", "--system=jax",
+                 "--gin_file=gin/models/decoder_tiny.gin",
+                 "--gin_param=MeshConfig.mesh_shape = 'batch:2'", "--num_cpu_devices=1",
+                 "--steps=2", "--warmup_steps=1", f"--results={out}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())
+  assert record["status"] == "ok" and record["num_processes"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--islands=2", "--num_processes=3"], "--islands=2 with --num_processes=3: give >= 2"),
+    (["--islands=2", "--num_processes=2", "--dcn_rate=fast"],
+     "--dcn_rate='fast' is not a rate"),
+    (["--num_processes=2", "--dcn_rate=1gbit"], "add --islands=K"),
+    (["--islands=2", "--num_workers=2"], "TF workers in islands are not implemented"),
+])
+def test_bad_island_flags_are_one_line(args, message):
+  before = islands.list_namespaces()
+  proc = run_cli("tf_tput.launch", *args, "--", sys.executable, "-c", "pass", timeout=60)
+  assert proc.returncode == 2
+  lines = error_lines(proc.stderr)
+  assert len(lines) == 1 and message in lines[0]
+  assert islands.list_namespaces() == before
