@@ -20,7 +20,7 @@ from absl import logging
 from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib
 from tf_tput.records import build, keys, results
-from tf_tput.runtime import cluster, topology as topology_lib
+from tf_tput.runtime import cluster, islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
@@ -87,6 +87,7 @@ class Outcome:
   measurement: loop.Measurement
   num_params: int
   device_memory_bytes: Optional[int] = None
+  link_timer: Optional[loop.ProbedTimer] = None  # across islands: bytes between them
 
 
 def _run_key() -> str:
@@ -111,6 +112,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
       "embedding": m.embedding, **pipeline.record_fields(experiment),
+      **_island_fields(experiment, outcome.link_timer, outcome.num_params,
+                       topology.num_devices),
       "steps": t.steps, "warmup_steps": t.warmup_steps,
       "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,
       **summary,
@@ -181,6 +184,34 @@ def _check_strategy(experiment):
   return tpu.address_from_flags(**tpu_flags)
 
 
+def _check_islands(experiment) -> None:
+  """Processes tf_tput.launch --islands put in islands train data parallel across them."""
+  num_islands = topology_lib.launched_islands()
+  if num_islands == 1:
+    return
+  if not systems.load(FLAGS.system).islands:
+    raise UsageError(f"--system={FLAGS.system} does not train across islands; use "
+                     "--system=jax under tf_tput.launch --islands")
+  islands.check_mesh(experiment, num_islands)
+
+
+def _island_fields(experiment, timer, num_params: int, num_devices: int) -> dict:
+  """The record's island fields: how many, their link's rate, and the bytes that
+  crossed between them per measured step, counted and as the reduction predicts."""
+  num_islands = topology_lib.launched_islands()
+  measured = timer.measured_change if timer is not None else None
+  gradient_bytes = num_params * models.BYTES_PER_VARIABLE_ELEMENT
+  one = num_islands == 1
+  return {
+      "islands": num_islands, "devices_per_island": num_devices // num_islands,
+      "dcn_rate": None if one else os.environ.get(islands.DCN_RATE_ENV),
+      "link_bytes_per_step": (None if measured is None
+                              else measured / experiment.train.steps),
+      "link_bytes_per_step_analytic": (None if one else islands.analytic_link_bytes(
+          gradient_bytes, num_islands)),
+  }
+
+
 def _trace_one_step(trainer, batches, run_id: str) -> None:
   """An extra, unmeasured step under TF's trace; its summary goes to stdout."""
   from tf_tput.measure import tf_trace
@@ -200,6 +231,7 @@ def _checked_request():
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
   tpu_address = _check_strategy(experiment)
+  _check_islands(experiment)
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)
@@ -260,11 +292,16 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
       logging.exception("building %s failed", system.name)
       outcome.measurement.error = f"build: {errors.one_line(e)}"
       return outcome
+    links = os.environ.get(islands.LINKS_ENV)
+    if links and writes_record:  # the links' counters, read around the measured steps
+      outcome.link_timer = loop.ProbedTimer(lambda: islands.sent_over_links(links),
+                                            t.warmup_steps, t.steps, t.sync_every)
     try:
       outcome.num_params = trainer.num_params
       outcome.measurement = loop.run(
           trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
-          on_step=writer.write if writer else None, sync_every=t.sync_every)
+          on_step=writer.write if writer else None, sync_every=t.sync_every,
+          timer=outcome.link_timer)
       outcome.device_memory_bytes = trainer.device_memory_bytes()
       if FLAGS.trace_dir and not outcome.measurement.error:
         _trace_one_step(trainer, batches, run_id)

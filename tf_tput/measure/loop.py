@@ -65,6 +65,36 @@ class StepTimer:
     return self.times[-1]
 
 
+class ProbedTimer(StepTimer):
+  """A StepTimer that reads `probe()` (e.g. a network byte counter) just before the
+  clock's start mark and just after its last: the readings bracket the measured steps
+  and neither is charged to them."""
+
+  def __init__(self, probe: Callable[[], float], warmup_steps: int, steps: int,
+               sync_every: int = 1, clock: Callable[[], float] = time.perf_counter):
+    super().__init__(clock)
+    self._probe = probe
+    self._start_mark = warmup_steps // sync_every - 1
+    self._last_mark = (warmup_steps + steps) // sync_every - 1
+    self.at_start = self.at_end = None
+
+  def mark(self) -> float:
+    index = len(self.times)
+    if index == self._start_mark:
+      self.at_start = self._probe()
+    now = super().mark()
+    if index == self._last_mark:
+      self.at_end = self._probe()
+    return now
+
+  @property
+  def measured_change(self) -> Optional[float]:
+    """probe() at the end minus at the start; None if the run did not get there."""
+    if self.at_start is None or self.at_end is None:
+      return None
+    return self.at_end - self.at_start
+
+
 def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
         log_every: int = 10, on_step: Optional[Callable[[int, dict], None]] = None,
         timer: Optional[StepTimer] = None, sync_every: int = 1) -> Measurement:

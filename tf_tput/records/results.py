@@ -30,7 +30,13 @@ FIELDS = {
     # A pipeline (tf_tput/pipeline.py): 1 stage, 1 micro-batch and schedule None when
     # there is none; bubble_fraction is the theoretical (S-1)/(M+S-1).
     "pipeline_stages": int, "micro_batches": int, "schedule": _OPT_STR,
-    "bubble_fraction": _NUM, "steps": int, "warmup_steps": int, "sync_every": int,
+    "bubble_fraction": _NUM,
+    # Across tf_tput.launch --islands (runtime/islands.py): 1 island and None without;
+    # link bytes: sent between islands per measured step, counted on the links and as
+    # the hierarchical reduction predicts.
+    "islands": int, "devices_per_island": int, "dcn_rate": _OPT_STR,
+    "link_bytes_per_step": _OPT_NUM, "link_bytes_per_step_analytic": _OPT_NUM,
+    "steps": int, "warmup_steps": int, "sync_every": int,
     "synchronous_step": (bool, type(None)), "step_time_s": dict,
     "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
     "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
@@ -69,7 +75,9 @@ MICRO_STATUSES = ("ok", "failed", "skipped", "not_applicable")
 # without run_key matches no suite run, so a suite measures it again.
 LATER_FIELDS = {
     SCHEMA: ("embedding", "run_key", "sync_every", "synchronous_step", "pipeline_stages",
-             "micro_batches", "schedule", "bubble_fraction"),
+             "micro_batches", "schedule", "bubble_fraction", "islands",
+             "devices_per_island", "dcn_rate", "link_bytes_per_step",
+             "link_bytes_per_step_analytic"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

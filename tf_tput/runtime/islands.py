@@ -45,6 +45,10 @@ TBF_LATENCY = "100ms"   # how long a packet may queue before tbf drops it
 MIN_BURST_BYTES = 64 * 1024
 COMMAND_TIMEOUT_S = 20.0
 NETNS_ETC = pathlib.Path("/etc/netns")  # iproute2's per-namespace /etc overlay
+# Set by tf_tput.launch --islands for every process: the islands' link ends as
+# namespace:device pairs, and the rate they are shaped to.
+LINKS_ENV = "TF_TPUT_ISLAND_LINKS"
+DCN_RATE_ENV = "TF_TPUT_DCN_RATE"
 
 # The reaper: reads its stdin until EOF (the maker closed it or died), then removes
 # the namespaces named in its arguments. Runs in a session of its own, so signals to
@@ -65,6 +69,16 @@ def parse_rate(text: str) -> Optional[int]:
     raise UsageError(f"--dcn_rate={text!r} is not a rate; write e.g. 1gbit, 200mbit, "
                      f"500kbit or {NO_LIMIT}")
   return int(float(match.group(1)) * _RATE_UNITS[match.group(2)])
+
+
+def format_rate(bits_per_s: Optional[int]) -> str:
+  """parse_rate's inverse in tc's units: 10**9 -> '1gbit'; None -> 'none'."""
+  if bits_per_s is None:
+    return NO_LIMIT
+  for unit in ("gbit", "mbit", "kbit"):
+    if bits_per_s % _RATE_UNITS[unit] == 0:
+      return f"{bits_per_s // _RATE_UNITS[unit]}{unit}"
+  return f"{bits_per_s}bit"
 
 
 def missing() -> Optional[str]:
@@ -176,6 +190,11 @@ class IslandNetwork:
         _run(["tc", "-n", ns, "qdisc", "add", "dev", island.link, "root", "tbf", "rate",
               f"{self.rate_bits_per_s}bit", "burst", str(burst), "latency", TBF_LATENCY])
 
+  def env(self) -> dict:
+    """What a run inside the islands needs to know of them (tf_tput.train reads it)."""
+    return {LINKS_ENV: ",".join(f"{i.namespace}:{i.link}" for i in self.islands),
+            DCN_RATE_ENV: format_rate(self.rate_bits_per_s)}
+
   def link_bytes(self) -> list:
     """[(bytes sent, bytes received)] of each island's link end, since it was made."""
     out = []
@@ -205,3 +224,46 @@ def list_namespaces() -> list:
   proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                         timeout=COMMAND_TIMEOUT_S)
   return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def check_mesh(experiment, num_islands: int) -> None:
+  """Across islands the run is data parallel over the island axis, and inside each
+  island too: the batch axis splits across islands, every other axis has size 1."""
+  if experiment.pipelined:
+    raise UsageError(f"{num_islands} islands with PipelineConfig.stages = "
+                     f"{experiment.pipeline.stages}: islands are data parallel; drop the "
+                     "pipeline")
+  axis = experiment.layout.get("batch", "batch")
+  other = {a: n for a, n in experiment.mesh_shape.items() if a != axis and n > 1}
+  if other:
+    raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r} across {num_islands} "
+                     f"islands: islands are data parallel inside too, but axes {other} "
+                     f"split the model; use a batch-only mesh such as 'batch:"
+                     f"{experiment.num_devices}'")
+  if experiment.mesh_shape.get(axis, 1) % num_islands:
+    raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r}: batch axis {axis!r} "
+                     f"does not split into {num_islands} islands; use a multiple of "
+                     f"{num_islands} devices")
+
+
+def analytic_link_bytes(gradient_bytes: int, num_islands: int) -> int:
+  """Bytes the hierarchical reduction sends over all inter-island links per step:
+  every island's shards of the gradient, all-reduced across the K islands as a ring
+  (each member sends 2(K-1)/K of what it reduces), sum one gradient's bytes per
+  island: 2(K-1) gradients in all. Transport headers are not counted."""
+  return 2 * (num_islands - 1) * gradient_bytes
+
+
+def _link_ends(spec: str) -> list:
+  return [tuple(end.split(":", 1)) for end in spec.split(",") if end]
+
+
+def sent_over_links(spec: str) -> int:
+  """Bytes sent so far by every island's end of its link (LINKS_ENV's value): all
+  that crossed between islands, each byte counted once, by its sender."""
+  total = 0
+  for namespace, device in _link_ends(spec):
+    info = json.loads(_run(["ip", "-n", namespace, "-j", "-s", "link", "show", "dev",
+                            device]))[0]
+    total += int(info.get("stats64", info.get("stats"))["tx"]["bytes"])
+  return total

@@ -166,7 +166,7 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     if islands:
       island = islands[index * len(islands) // num_processes]
       env.update({topology.ISLAND_ENV: str(island.index),
-                  topology.NUM_ISLANDS_ENV: str(len(islands))})
+                  topology.NUM_ISLANDS_ENV: str(len(islands)), **network.env()})
       prefix = island.exec_prefix()
     procs.append(popen(prefix + list(command), env=env))
   started = time.monotonic()

@@ -34,6 +34,7 @@ class Topology:
   session_target: str = ""   # TF: "" runs in this process; grpc://... a cluster's master
   workers: tuple = ()        # multi_worker: cluster.Worker entries, devices listed
   shares_host_cpu: bool = True  # every device runs on this host's CPU cores
+  islands: int = 1           # tf_tput.launch --islands: processes in network namespaces
   # Objects the run needs alive: the chief's tf.distribute.Server, TPU handles.
   handles: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -64,6 +65,11 @@ def launched_processes() -> tuple:
   """(number of processes, this process's index) as tf_tput.launch set them; (1, 0) alone."""
   return (int(os.environ.get(NUM_PROCESSES_ENV, "1")),
           int(os.environ.get(PROCESS_ID_ENV, "0")))
+
+
+def launched_islands() -> int:
+  """How many islands tf_tput.launch --islands split the processes into; 1 without."""
+  return int(os.environ.get(NUM_ISLANDS_ENV, "1"))
 
 
 def check_strategy(system: str, strategy: str, experiment,
@@ -174,4 +180,5 @@ def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
   kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind
   return Topology("jax", platform, tuple(str(d) for d in devices), kind,
                   num_processes=jax.process_count(),
-                  strategy="multi_process" if num_processes > 1 else "local")
+                  strategy="multi_process" if num_processes > 1 else "local",
+                  islands=launched_islands())

@@ -6,6 +6,7 @@
       multi_process: bool                 # can run as several launched processes
       embeddings: tuple                   # the ModelConfig.embedding values it computes
       pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
+      islands: bool                       # trains across tf_tput.launch --islands
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -51,6 +52,7 @@ class System(Protocol):
   multi_process: bool
   embeddings: tuple
   pipelines: bool
+  islands: bool
 
   def build(self, experiment, topology) -> Trainer: ...
 

@@ -146,8 +146,12 @@ class JaxSystem:
   multi_process = True   # every launched process runs the same program
   embeddings = ("one_hot", "gather")
   pipelines = False
+  islands = True         # data parallel across tf_tput.launch --islands (jax_islands.py)
 
   def build(self, experiment, topology) -> JaxTrainer:
+    if topology.islands > 1:
+      from tf_tput.systems.jax_islands import JaxIslandTrainer
+      return JaxIslandTrainer(experiment, topology)
     return JaxTrainer(experiment, topology)
 
 

@@ -129,6 +129,7 @@ class MtfSystem:
   multi_process = False  # one Session drives every device: a single controller
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
   pipelines = False
+  islands = False  # TF workers in islands are not implemented yet
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":
