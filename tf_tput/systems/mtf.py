@@ -132,10 +132,11 @@ class MtfTrainer:
   def load_variables(self, values: dict) -> None:
     """Sets the trainable variables from {mtf variable name: numpy array} (every one,
     as export_variables gives them); the optimizer's slots are left as they are."""
-    missing = sorted(set(self._loads) - set(values))
-    if missing:
-      raise ValueError(f"load_variables: no value for {missing[:3]} "
-                       f"({len(missing)} of {len(self._loads)} variables)")
+    missing, unknown = set(self._loads) - set(values), set(values) - set(self._loads)
+    if missing or unknown:
+      raise ValueError(f"load_variables: no value for {sorted(missing)[:3]}, no "
+                       f"variable for {sorted(unknown)[:3]} ({len(missing)} and "
+                       f"{len(unknown)} of {len(self._loads)} variables)")
     feed = {placeholder: values[name] for name, (placeholder, _) in self._loads.items()}
     self._session.run([assign for _, assign in self._loads.values()], feed_dict=feed)
     self._session.run(self._copy_masters_to_slices)

@@ -51,8 +51,8 @@ class StageTransfer(mtf.Operation):
       raise ValueError(f"{self.name}: meshes of different shape or layout "
                        f"({source.shape} vs {target.shape})")
     slices = []
-    for device, x in zip(target.devices,
-                         lowering.tensors[self.inputs[0]].to_laid_out_tensor().all_slices):
+    xs = lowering.tensors[self.inputs[0]].to_laid_out_tensor().all_slices
+    for device, x in zip(target.devices, xs):
       with tf.device(device):
         slices.append(tf.identity(x))
     lowering.set_tensor_lowering(self.outputs[0], target.LaidOutTensor(slices))
