@@ -8,7 +8,8 @@ AdafactorOptimizer with its defaults (relative step size min(0.01, rsqrt(step + 
 parameter scaling, factored second moments), lowered by PlacementMeshImpl onto the
 topology's devices (this process's, or every worker's of a TF_CONFIG cluster) and run
 by one tf.compat.v1 Session: a single controller. On TPUs, mtf_tpu.py lowers the same
-model with the SIMD implementation.
+model with the SIMD implementation. With PipelineConfig.stages > 1 the same layers
+train as a GPipe pipeline, one mesh per stage (mtf_pipeline.py).
 """
 
 import logging
@@ -24,7 +25,12 @@ LOST_WORKER_SETTLE_S = 3.0
 
 
 class MtfTrainer:
-  """A lowered mtf graph in a Session; step() feeds one numpy batch."""
+  """A lowered mtf graph in a Session; step() feeds one numpy batch.
+
+  _build_model makes the loss and says how each mesh is lowered; everything around it
+  (Adafactor, the global step, the Session, export, load, trace, close) is shared
+  with the pipelined trainer (mtf_pipeline.MtfPipelineTrainer), which overrides it.
+  """
 
   def __init__(self, experiment, topology):
     import tensorflow as tf
@@ -37,28 +43,26 @@ class MtfTrainer:
     with self._graph.as_default():
       tf1.set_random_seed(experiment.train.seed)  # the same initial weights every run
       graph = mtf.Graph()
-      mesh = mtf.Mesh(graph, "mesh")
-      batch_dim = mtf.Dimension("batch", experiment.train.global_batch)
       self._placeholders = {}
-
-      def import_feature(key, length):
-        shape = [experiment.train.global_batch, length]
-        self._placeholders[key] = tf1.placeholder(tf.int32, shape, name=key)
-        return mtf.import_tf_tensor(mesh, self._placeholders[key], mtf.Shape(
-            [batch_dim, mtf.Dimension("length", length)]))
-
-      loss = mtf_model.build_loss(mtf, mtf_t, experiment, mesh, import_feature)
+      loss, mesh_to_impl = self._build_model(mtf, mtf_t, graph, experiment, topology)
       self.num_params = sum(v.shape.size for v in graph.trainable_variables)
       global_step = tf1.train.get_or_create_global_step()
       updates = mtf_model.optimizer_updates(mtf, graph, loss)
-      lowering = mtf.Lowering(graph, {mesh: mtf_model.mesh_impl(mtf, experiment, topology)})
+      # Before the Lowering stacks them: one master per variable, by its mtf name.
+      loads = {}
+      for v in graph.trainable_variables:
+        master = v.get_master()
+        value = tf1.placeholder(master.dtype, master.shape, name="load")
+        loads[v.name] = (value, tf1.assign(master, value))
+      self._loads = loads
+      self.lowering = lowering = mtf.Lowering(graph, mesh_to_impl)
       self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
       # Adafactor's step size and decay read the global step; incrementing it only
       # after every update keeps step k on k (mtf's own runner leaves them unordered).
       with tf.control_dependencies([lowering.lowered_operation(op) for op in updates]):
         self._train_op = tf1.assign_add(global_step, 1)
       init = tf1.global_variables_initializer()
-      copy_masters_to_slices = lowering.copy_masters_to_slices()
+      self._copy_masters_to_slices = lowering.copy_masters_to_slices()
       self._copy_slices_to_masters = lowering.copy_slices_to_masters()
       # Lowering "autostacks" same-shaped variables into one (mtf's default speed-up);
       # keep each master with the names of the variables it holds.
@@ -67,11 +71,27 @@ class MtfTrainer:
       self._graph.finalize()
     self._session = tf1.Session(topology.session_target, graph=self._graph)
     self._session.run(init)
-    self._session.run(copy_masters_to_slices)
+    self._session.run(self._copy_masters_to_slices)
     self._workers = list(topology.workers)
     # get_memory_info sees this process's GPUs only, not a cluster's.
     self._gpu_names = [dev.split("device:")[-1] for dev in topology.devices
                        if "GPU" in dev and not topology.session_target]
+
+  def _build_model(self, mtf, mtf_t, graph, experiment, topology):
+    """(the loss, {mtf.Mesh: MeshImpl}); fills self._placeholders."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    mesh = mtf.Mesh(graph, "mesh")
+    batch_dim = mtf.Dimension("batch", experiment.train.global_batch)
+
+    def import_feature(key, length):
+      shape = [experiment.train.global_batch, length]
+      self._placeholders[key] = tf1.placeholder(tf.int32, shape, name=key)
+      return mtf.import_tf_tensor(mesh, self._placeholders[key], mtf.Shape(
+          [batch_dim, mtf.Dimension("length", length)]))
+
+    loss = mtf_model.build_loss(mtf, mtf_t, experiment, mesh, import_feature)
+    return loss, {mesh: mtf_model.mesh_impl(mtf, experiment, topology)}
 
   def step(self, batch: dict) -> float:
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
@@ -109,6 +129,18 @@ class MtfTrainer:
       out.update(zip(stacked_names, value) if stacked_names else [(name, value)])
     return out
 
+  def load_variables(self, values: dict) -> None:
+    """Sets the trainable variables from {mtf variable name: numpy array} (every one,
+    as export_variables gives them); the optimizer's slots are left as they are."""
+    missing, unknown = set(self._loads) - set(values), set(values) - set(self._loads)
+    if missing or unknown:
+      raise ValueError(f"load_variables: no value for {sorted(missing)[:3]}, no "
+                       f"variable for {sorted(unknown)[:3]} ({len(missing)} and "
+                       f"{len(unknown)} of {len(self._loads)} variables)")
+    feed = {placeholder: values[name] for name, (placeholder, _) in self._loads.items()}
+    self._session.run([assign for _, assign in self._loads.values()], feed_dict=feed)
+    self._session.run(self._copy_masters_to_slices)
+
   def device_memory_bytes(self) -> Optional[int]:
     """Peak bytes allocated on the GPUs; None on CPUs, where TF does not report it."""
     if not self._gpu_names:
@@ -128,13 +160,20 @@ class MtfSystem:
   framework = "tf"
   multi_process = False  # one Session drives every device: a single controller
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
-  pipelines = False
+  pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
   islands = False  # TF workers in islands are not implemented yet
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":
+      if experiment.pipelined:
+        raise errors.UsageError(
+            f"PipelineConfig.stages = {experiment.pipeline.stages}: --system=mtf on "
+            "TPUs (--strategy=tpu) does not pipeline; use stages = 1 there")
       from tf_tput.systems.mtf_tpu import MtfTpuTrainer
       return MtfTpuTrainer(experiment, topology)
+    if experiment.pipelined:
+      from tf_tput.systems.mtf_pipeline import MtfPipelineTrainer
+      return MtfPipelineTrainer(experiment, topology)
     return MtfTrainer(experiment, topology)
 
 
