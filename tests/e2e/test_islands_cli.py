@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tf_tput.records import results
 from tf_tput.runtime import islands
 
 from cli_helpers import REPO, error_lines, run_cli
@@ -87,16 +88,34 @@ def test_a_stopped_launcher_leaves_no_namespace(sig):
     launcher.wait()
 
 
-def test_jax_trains_data_parallel_across_two_islands(tmp_path):
+def test_jax_trains_across_two_islands_and_counts_the_bytes_between_them(tmp_path):
+  """2 islands x 2 processes x 1 device: the gradient is reduced within each island,
+  one copy per island crosses, and the links' counters agree with the analytic bytes."""
   out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_processes=2",
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_processes=4",
                  "--", sys.executable, "-m", "tf_tput.train", "--system=jax",
                  "--gin_file=gin/models/decoder_tiny.gin",
-                 "--gin_param=MeshConfig.mesh_shape = 'batch:2'", "--num_cpu_devices=1",
-                 "--steps=2", "--warmup_steps=1", f"--results={out}", timeout=300)
+                 "--gin_param=MeshConfig.mesh_shape = 'batch:4'", "--num_cpu_devices=1",
+                 "--steps=4", "--warmup_steps=1", f"--results={out}", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = json.loads(out.read_text())
-  assert record["status"] == "ok" and record["num_processes"] == 2
+  results.validate(record)
+  assert record["status"] == "ok" and record["num_processes"] == 4
+  assert (record["islands"], record["devices_per_island"], record["dcn_rate"]) == (
+      2, 2, "1gbit")
+  analytic = record["link_bytes_per_step_analytic"]
+  assert analytic == 2 * 4 * record["num_params"]  # 2(K-1) float32 gradients
+  assert abs(record["link_bytes_per_step"] - analytic) <= 0.15 * analytic
+
+
+def test_a_model_parallel_mesh_across_islands_is_one_line(tmp_path):
+  proc = run_cli("tf_tput.launch", "--islands=2", "--num_processes=2", "--",
+                 sys.executable, "-m", "tf_tput.train", "--system=jax",
+                 "--gin_file=gin/models/decoder_tiny.gin", "--num_cpu_devices=2",
+                 "--gin_file=gin/mesh/data2_model2.gin", f"--results={tmp_path / 'r'}",
+                 timeout=120)
+  assert proc.returncode != 0 and not (tmp_path / "r").exists()
+  assert "islands are data parallel inside too, but axes {'model': 2}" in proc.stderr
 
 
 @pytest.mark.parametrize("args, message", [
