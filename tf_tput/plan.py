@@ -9,6 +9,14 @@
 With a pipeline (gin/pipeline/), the mesh is one stage's and the plan has a row per
 stage (tf_tput/pipeline.py): its layers, parameters and bytes per device.
 
+With --islands=K, Pathways §5.3's projection (tf_tput/dcn.py): the bytes each step's
+gradient reduction sends between islands, their time over the DCN, the backward
+compute they can hide behind, what stays exposed and the projected fraction of
+single-island throughput, beside the paper's figures:
+
+    python -m tf_tput.plan --gin_file=gin/models/decoder_64b.gin --islands=2 \
+        --devices_per_island=512 [--calibrate_from=results/islands_local.jsonl]
+
 No graph is built and no framework is imported: the numbers come from
 tf_tput.models, the same arithmetic the result records use.
 """
@@ -18,12 +26,33 @@ import json
 from absl import app
 from absl import flags
 
-from tf_tput import config, errors, models, pipeline
+from tf_tput import config, dcn, errors, models, pipeline
+from tf_tput.errors import UsageError
+from tf_tput.measure import peak as peak_lib
+from tf_tput.records import results
+from tf_tput.report import published
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ...")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
 flags.DEFINE_enum("format", "text", ["text", "json"], "Output format.")
+flags.DEFINE_integer("islands", 1, "Project data parallelism across this many islands.")
+flags.DEFINE_integer("devices_per_island", None, "With --islands: accelerators per "
+                     "island (unset: the mesh's devices / islands).")
+flags.DEFINE_integer("hosts_per_island", None, "With --islands: hosts per island, each "
+                     "with its own DCN link (unset: devices_per_island / 4, TPU v4's "
+                     "4 chips per host).")
+flags.DEFINE_float("dcn_gbps_per_host", 100.0, "With --islands: each host's DCN "
+                   "bandwidth in Gbit/s (an assumption; the paper does not state it).")
+flags.DEFINE_float("link_efficiency", 1.0, "With --islands: achieved / nominal DCN "
+                   "bandwidth (overridden by --calibrate_from).")
+flags.DEFINE_string("calibrate_from", None, "With --islands: results of the local "
+                    "sweep (suite islands_local) to take the link efficiency from.")
+flags.DEFINE_float("overlap", 0.0, "With --islands: fraction of the backward pass the "
+                   "transfer hides behind (0: none, the conservative default; 1: all).")
+flags.DEFINE_string("accelerator", "tpu_v4", "With --islands: whose bfloat16 peak the "
+                    f"compute time uses ({', '.join(sorted({k for k, _ in peak_lib.PEAK_FLOPS}))}).")
+flags.DEFINE_float("mfu", 0.5, "With --islands: the step's MFU against that peak.")
 
 
 def plan(experiment: config.Experiment) -> dict:
@@ -77,9 +106,79 @@ def format_text(p: dict) -> str:
   ])
 
 
+def _assumptions(experiment) -> tuple:
+  """(devices per island, dcn.Assumptions, where the efficiency came from)."""
+  K = FLAGS.islands
+  per_island = FLAGS.devices_per_island or experiment.num_devices // K
+  if per_island < 1 or (not FLAGS.devices_per_island and experiment.num_devices % K):
+    raise UsageError(f"--islands={K} does not divide the mesh's {experiment.num_devices} "
+                     "devices; pass --devices_per_island")
+  peak = peak_lib.PEAK_FLOPS.get((FLAGS.accelerator, "bfloat16"))
+  if peak is None:
+    raise UsageError(f"--accelerator={FLAGS.accelerator} has no bfloat16 peak; choose one "
+                     f"of {', '.join(sorted({k for k, _ in peak_lib.PEAK_FLOPS}))}")
+  efficiency, source = FLAGS.link_efficiency, "--link_efficiency"
+  if FLAGS.calibrate_from:
+    calibrated = dcn.calibrate_efficiency(
+        results.read(FLAGS.calibrate_from, results.SCHEMA)[0])
+    if calibrated is None:
+      raise UsageError(f"--calibrate_from={FLAGS.calibrate_from} has no island runs on "
+                       "a shaped and an unshaped link to compare; run suite islands_local")
+    efficiency = calibrated[0]
+    source = f"calibrated from {calibrated[1]} run(s) in {FLAGS.calibrate_from}"
+  for name, value, low, high in (("link_efficiency", efficiency, 0, 1),
+                                 ("overlap", FLAGS.overlap, 0, 1), ("mfu", FLAGS.mfu, 0, 1)):
+    if not low <= value <= high or (name != "overlap" and value == 0):
+      raise UsageError(f"--{name}={value}; it must be in (0, 1]" if name != "overlap"
+                       else f"--overlap={value}; it must be in [0, 1]")
+  hosts = FLAGS.hosts_per_island or max(1, per_island // 4)
+  return per_island, dcn.Assumptions(hosts, FLAGS.dcn_gbps_per_host, efficiency,
+                                     FLAGS.overlap, peak, FLAGS.mfu), source
+
+
+def format_islands(d: dict, model: str, source: str) -> str:
+  a = d["assumptions"]
+  pub = published.MULTI_ISLAND.get(model)
+  lines = [
+      f"islands                {d['islands']} x {d['devices_per_island']} devices, "
+      f"{a['hosts_per_island']} hosts each at {a['gbps_per_host']:g} Gbit/s, link "
+      f"efficiency {a['link_efficiency']:.2f} ({source})",
+      f"bytes per reduction    {d['bytes_per_reduction'] / 1e9:,.1f} GB over all links "
+      f"(2(K-1) float32 gradients of {d['gradient_bytes'] / 1e9:,.1f} GB), "
+      f"{d['bytes_sent_per_island'] / 1e9:,.1f} GB sent per island",
+      f"DCN transfer           {d['transfer_s']:.3f} s per step at "
+      f"{d['island_dcn_bytes_per_s'] / 1e9:,.1f} GB/s per island",
+      f"compute                {d['compute_s']:.3f} s per step ({d['tokens_per_step']:,} "
+      f"tokens at {100 * a['mfu']:.0f}% MFU of {a['peak_flops_per_device'] / 1e12:g} "
+      f"TFLOP/s), backward {d['backward_s']:.3f} s, overlap {a['overlap']:g}",
+      f"exposed                {d['exposed_s']:.3f} s -> projected "
+      f"{d['fraction_of_single_island']:.3f} of single-island throughput",
+  ]
+  if pub:
+    lines.append(
+        f"published (§5.3)       {pub[0]} x {pub[1]} cores: {pub[2] / 1e9:,.0f} GB per "
+        f"reduction, {pub[3]:g} of single-island throughput. Here each parameter's "
+        f"float32 gradient crosses once each way (8 bytes/parameter); the paper's "
+        f"figure is {pub[2] / (d['gradient_bytes'] / 4):.2f} bytes per parameter of "
+        "this file's model, whose dimensions the paper does not state")
+  return "\n".join(lines)
+
+
 def run() -> int:
-  p = plan(config.load_experiment(FLAGS.gin_file, FLAGS.gin_param))
-  print(json.dumps(p) if FLAGS.format == "json" else format_text(p))
+  experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
+  p = plan(experiment)
+  source = None
+  if FLAGS.islands > 1:
+    per_island, assumptions, source = _assumptions(experiment)
+    p["islands"] = dcn.project(experiment, FLAGS.islands, per_island, assumptions)
+  elif FLAGS.islands < 1:
+    raise UsageError(f"--islands={FLAGS.islands}; it must be >= 1")
+  if FLAGS.format == "json":
+    print(json.dumps(p))
+  else:
+    print(format_text(p))
+    if "islands" in p:
+      print(format_islands(p["islands"], p["model"], source))
   return 0
 
 

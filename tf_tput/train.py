@@ -93,8 +93,11 @@ class Outcome:
 def _run_key() -> str:
   """The suite's key for this command line (tf_tput.records.keys), taken before the run
   starts: gin files or code edited while it runs must not lend it their key."""
+  num_processes, _ = topology_lib.launched_processes()
+  launch = keys.launch_fields(num_processes, topology_lib.launched_islands(),
+                              os.environ.get(islands.DCN_RATE_ENV, islands.NO_LIMIT))
   return keys.run_key(FLAGS.system, FLAGS.gin_file, _bindings(), FLAGS.num_cpu_devices,
-                      FLAGS.strategy, keys.code_version())
+                      FLAGS.strategy, keys.code_version(), launch)
 
 
 def _record(experiment, topology, outcome: Outcome, summary, peak_source, started_at,

@@ -25,6 +25,11 @@ def test_published_figures_equal_the_shared_reference():
       published.TABLE2_DECODER_3B
   assert [(r["hosts"], r["tpus"], r["config"], r["ms"])
           for r in ref["fig6_crossover"]["rows"]] == published.FIG6_CROSSOVER_MS
+  islands = {model: (row["islands"], row["per_island"],
+                     float(row["bytes_per_reduction"].split()[0]) * 1e9,
+                     float(str(row["fraction_of_single_island_throughput"]).split()[-1]))
+             for model, row in ref["multi_island_dcn"].items() if model != "note"}
+  assert islands == published.MULTI_ISLAND
   assert ref["table1_t5"]["hardware"] == published.HARDWARE
   assert ref["paper"] == published.CITATION
 

@@ -64,12 +64,24 @@ def _hash(kind: str, values: dict) -> str:
 
 
 def run_key(system: str, gin_files: Sequence[str], gin_params: Sequence[str],
-            num_cpu_devices: Optional[int], strategy: str, commit: Optional[str]) -> str:
-  """The key of a tf_tput.train run (gin_params: every binding it applies, in order)."""
-  return _hash("tf_tput.train", {
-      "system": system, "gin_files": gin_sources(gin_files),
-      "gin_params": list(gin_params), "num_cpu_devices": num_cpu_devices,
-      "strategy": strategy, "code": commit})
+            num_cpu_devices: Optional[int], strategy: str, commit: Optional[str],
+            launch: Optional[dict] = None) -> str:
+  """The key of a tf_tput.train run (gin_params: every binding it applies, in order).
+  launch: how tf_tput.launch started it (launch_fields), None when it did not."""
+  values = {"system": system, "gin_files": gin_sources(gin_files),
+            "gin_params": list(gin_params), "num_cpu_devices": num_cpu_devices,
+            "strategy": strategy, "code": commit}
+  if launch:
+    values["launch"] = launch
+  return _hash("tf_tput.train", values)
+
+
+def launch_fields(processes: int, islands: int = 1, dcn_rate: str = "none") -> Optional[dict]:
+  """What of tf_tput.launch a run key holds: JAX processes and the islands' link."""
+  if processes == 1:
+    return None
+  return {"processes": processes, "islands": islands,
+          "dcn_rate": dcn_rate if islands > 1 else "none"}
 
 
 def micro_run_key(system: str, mode: str, hosts: int, devices_per_host: int,

@@ -40,6 +40,15 @@ TABLE2_DECODER_3B = [
 ]
 TABLE2_MODEL = "decoder_3b"
 
+# §5.3: data parallel across two islands over the DCN, gradients reduced within each
+# island over ICI first. The layer dimensions of 64B / 136B are not stated.
+MULTI_ISLAND = {
+    # model: (islands, TPU cores per island, bytes per reduction, fraction of
+    # single-island throughput; 136B's is published as "about 0.97")
+    "decoder_64b": (2, 512, 457e9, 0.972),
+    "decoder_136b": (2, 1024, 1030e9, 0.97),
+}
+
 # Fig. 6: the smallest computation (ms) at which Pathways matches JAX's throughput.
 FIG6_CROSSOVER_MS = [
     # (hosts, TPUs, configuration, ms)

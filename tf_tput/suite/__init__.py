@@ -17,6 +17,7 @@ already succeeded and a rerun of the suite skips them; a record without a key
 
 import dataclasses
 import itertools
+import json
 import pathlib
 import sys
 from typing import Optional, Sequence
@@ -25,13 +26,14 @@ import gin
 
 from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, pipeline, systems
 from tf_tput.records import keys, results
-from tf_tput.runtime import topology
+from tf_tput.runtime import islands as islands_lib, topology
 from tf_tput.errors import UsageError
 
 SUITES_DIR = GIN_DIR / "suites"
 NO_PIPELINE = "none"
 TRAIN_MODULE = "tf_tput.train"
 MICRO_MODULE = "tf_tput.micro"
+LAUNCH_MODULE = "tf_tput.launch"
 
 
 @gin.configurable
@@ -52,6 +54,12 @@ class TrainMatrix:
   # --strategy of the mtf runs ("tpu" on Cloud TPUs, "multi_worker" under
   # tf_tput.launch); JAX runs always find their devices locally.
   mtf_strategy: str = "local"
+  # JAX processes per run (> 1: under tf_tput.launch, num_cpu_devices each), split
+  # into each of `islands` (network namespaces, needs root) joined at each of
+  # `dcn_rates` (runtime/islands.py); 1 island runs its processes on loopback.
+  processes: int = 1
+  islands: Sequence[int] = (1,)
+  dcn_rates: Sequence[str] = (islands_lib.NO_LIMIT,)
 
 
 @gin.configurable
@@ -117,6 +125,7 @@ class Run:
   label: str         # for people: "t5_small jax float32 data2_model2 batch 8"
   group: str         # runs expected to take about as long (time-left estimate)
   strategy: str = "local"
+  launcher: tuple = ()  # tf_tput.launch flags the run starts under; () for none
 
   def args(self, results_path: str) -> list:
     out = []
@@ -128,13 +137,35 @@ class Run:
   def command(self, results_path: str, train_flags=()) -> list:
     """The child's command line; train_flags (--name=value) go to train runs only."""
     extra = list(train_flags) if self.module == TRAIN_MODULE else []
-    return [sys.executable, "-m", self.module, *self.args(results_path), *extra]
+    launch = ([sys.executable, "-m", LAUNCH_MODULE, *self.launcher, "--"]
+              if self.launcher else [])
+    return [*launch, sys.executable, "-m", self.module, *self.args(results_path), *extra]
+
+
+def _launches(m: TrainMatrix) -> list:
+  """(tf_tput.launch flags, key fields, label) of each islands x rate of a matrix;
+  one island is loopback, whatever the rates."""
+  if m.processes == 1:
+    return [((), None, "")]
+  out, seen = [], set()
+  for count, rate in itertools.product(m.islands, m.dcn_rates):
+    fields = keys.launch_fields(m.processes, count, rate)
+    if json.dumps(fields, sort_keys=True) in seen:
+      continue
+    seen.add(json.dumps(fields, sort_keys=True))
+    flags = [f"--num_processes={m.processes}"]
+    if count > 1:
+      flags += [f"--islands={count}", f"--dcn_rate={rate}"]
+    out.append((tuple(flags), fields, f" {m.processes} processes" + (
+        f", {count} islands at {rate}" if count > 1 else "")))
+  return out
 
 
 def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
   runs = []
-  for model, mesh, pipe, batch, dtype, system in itertools.product(
-      m.models, m.meshes, m.pipelines, m.global_batches, m.dtypes, m.systems):
+  for model, mesh, pipe, batch, dtype, system, (launcher, launch, where) in (
+      itertools.product(m.models, m.meshes, m.pipelines, m.global_batches, m.dtypes,
+                        m.systems, _launches(m))):
     flags = {
         "system": system,
         "gin_file": [f"gin/models/{model}.gin", f"gin/mesh/{mesh}.gin"] + (
@@ -150,11 +181,12 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
     if strategy != "local":
       flags[STRATEGY_FLAG] = strategy
     key = keys.run_key(system, flags["gin_file"], flags["gin_param"], m.num_cpu_devices,
-                       strategy, commit)
+                       strategy, commit, launch)
     runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None}, key,
                     f"{model} {system}{'' if strategy == 'local' else ' ' + strategy} "
                     f"{dtype} {mesh}" + (f" pipeline {pipe}" if pipe != NO_PIPELINE
-                                         else "") + f" batch {batch}", model, strategy))
+                                         else "") + f" batch {batch}{where}", model,
+                    strategy, launcher))
   return runs
 
 
@@ -269,8 +301,15 @@ def _check(suite: Suite, name: str) -> None:
                                                               (list, tuple)):
         raise UsageError(f"{where}.gin_params = {matrix.gin_params!r}; give a list of "
                          "bindings")
-      for field in ("steps", "warmup_steps", "num_cpu_devices"):
+      for field in ("steps", "warmup_steps", "num_cpu_devices", "processes"):
         _check_positive(where, field, getattr(matrix, field))
+      _check_list(where, "islands", matrix.islands, kind=int)
+      _check_list(where, "dcn_rates", matrix.dcn_rates)
+      for rate in matrix.dcn_rates:
+        islands_lib.parse_rate(rate)
+      if any(matrix.processes % count for count in matrix.islands):
+        raise UsageError(f"{where}.islands = {list(matrix.islands)} do not all divide "
+                         f"processes = {matrix.processes}; each island gets equal processes")
     elif isinstance(matrix, MicroMatrix):
       _check_list(where, "systems", matrix.systems, set(micro.SYSTEMS))
       _check_list(where, "modes", matrix.modes, set(micro.MODES))
@@ -286,6 +325,12 @@ def _check(suite: Suite, name: str) -> None:
                        "or @MicroMatrix() references")
 
 
+def _launched(run: Run) -> tuple:
+  """(processes, islands) the run's tf_tput.launch flags ask for; (1, 1) without."""
+  values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
+  return int(values.get("num_processes", 1)), int(values.get("islands", 1))
+
+
 def validate(run: Run) -> str:
   """Checks a train run as tf_tput.train would before starting a framework; returns
   what it would train (tf_tput.models arithmetic). UsageError names the run."""
@@ -295,8 +340,17 @@ def validate(run: Run) -> str:
     with config.quiet_include_probes():
       experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
     systems.check_experiment(run.flags["system"], experiment)
+    num_processes, num_islands = _launched(run)
+    if num_processes > 1 and not systems.load(run.flags["system"]).multi_process:
+      raise UsageError(f"--system={run.flags['system']} runs as one process, not under "
+                       "tf_tput.launch --num_processes (TrainMatrix.processes)")
+    if num_islands > 1:
+      if not systems.load(run.flags["system"]).islands:
+        raise UsageError(f"--system={run.flags['system']} does not train across islands")
+      islands_lib.check_mesh(experiment, num_islands)
     if "num_cpu_devices" in run.flags:
-      config.validate(experiment, num_devices=run.flags["num_cpu_devices"])
+      config.validate(experiment, num_devices=run.flags["num_cpu_devices"] * num_processes,
+                      num_processes=num_processes)
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
   try:
