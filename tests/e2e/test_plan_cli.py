@@ -63,3 +63,19 @@ def test_plan_of_the_papers_deepest_pipeline_per_stage():
                  "--gin_param=TrainConfig.global_batch = 2048")
   assert "batch:8 per stage x 16 stages (128 devices)" in text.stdout
   assert "bubble (S-1)/(M+S-1) = 0.190" in text.stdout
+
+
+def test_plan_projects_the_64b_model_across_two_islands_beside_the_paper():
+  args = ["--gin_file=gin/models/decoder_64b.gin", "--islands=2",
+          "--devices_per_island=512", "--gin_param=TrainConfig.global_batch = 1024",
+          "--gin_param=DataConfig.targets_length = 2048"]
+  proc = run_cli("tf_tput.plan", *args, "--format=json")
+  assert proc.returncode == 0, proc.stderr
+  projection = json.loads(proc.stdout)["islands"]
+  assert projection["bytes_per_reduction"] == 2 * 4 * 64_689_022_976
+  assert projection["assumptions"]["hosts_per_island"] == 128  # 4 chips per host
+  assert 0 < projection["fraction_of_single_island"] < 1
+  text = run_cli("tf_tput.plan", *args).stdout
+  assert "published (§5.3)       2 x 512 cores: 457 GB per reduction, 0.972" in text
+  bad = run_cli("tf_tput.plan", *args, "--overlap=2")
+  assert bad.returncode == 2 and "--overlap=2.0; it must be in [0, 1]" in bad.stderr
