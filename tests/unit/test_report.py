@@ -265,3 +265,28 @@ def test_table2_rows_per_partitioning_against_each_systems_spmd_and_the_paper():
   assert alone["jax vs SPMD"] == "–"  # no SPMD row at that batch
   assert published.table_row(_decoder("jax", 1.0, 16, 64, num_devices=512))[3] == 507800
   assert tables.dtype_label(records[2]) == "float32 pipeline 4x16"
+
+
+def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
+  def run(islands, rate, tps, median_s, run_id):
+    return train_record(model="decoder_deep", system="jax", run_id=run_id, arch="decoder",
+                        inputs_length=None, num_devices=8, num_processes=2,
+                        tokens_per_sec=tps, step_s=(median_s, median_s, median_s),
+                        islands=islands, devices_per_island=8 // islands,
+                        dcn_rate=None if islands == 1 else rate,
+                        link_bytes_per_step=None if islands == 1 else 2e6,
+                        link_bytes_per_step_analytic=None if islands == 1 else 2.1e6)
+  records = [run(1, None, 1000.0, 1.0, "a"), run(2, "none", 900.0, 1.1, "b"),
+             run(2, "8mbit", 500.0, 2.0, "c")]
+  header, rows = tables.islands_table(records)
+  by_rate = {row[4]: dict(zip(header, row)) for row in rows}
+  assert by_rate["loopback"]["jax of 1 island"] == "1.000"
+  assert by_rate["none"]["jax of 1 island"] == "0.900"
+  shaped = by_rate["8mbit"]
+  assert shaped["jax of 1 island"] == "0.500" and shaped["islands x devices"] == "2 x 4"
+  assert shaped["link bytes/step (counted)"] == "2,000,000"
+  assert shaped["link bytes/step (analytic)"] == "2,100,000"
+  # 1 MB per island at 8 Mbit/s: 1 s on top of the unshaped 1.1 s; one island took 1 s.
+  assert shaped["ideal-link projection"] == f"{1.0 / 2.1:.3f}"
+  assert shaped["published fraction"] == "–"
+  assert "## Across islands" in document.render(records, [], [("x.jsonl", 3, 0)], [], {})

@@ -94,6 +94,16 @@ def _train_section(train: list, plots: dict) -> list:
             "GPipe schedule's idle fraction (S-1)/(M+S-1), theoretical. Virtual CPU "
             "devices share the host's cores, so a local pipeline shows its scheduling "
             "and transfer costs, not a speed-up.", ""]
+  if any(r.get("islands", 1) > 1 for r in train):
+    header, rows = tables.islands_table(train)
+    out += ["## Across islands (§5.3 style)", "", tables.markdown(header, rows), "",
+            "Runs of one model, device count, process count, batch and length; 'of 1 "
+            "island' divides by the same system's run with its processes on loopback. "
+            "Link bytes: what the islands' link ends sent per measured step, and what "
+            "the hierarchical reduction predicts (2(K-1) float32 gradients). The "
+            "ideal-link projection is the unshaped islands run's step plus the bytes "
+            "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
+            ""]
   failed = [r for r in train if r["status"] != "ok"]
   if failed:
     out += ["### Failed runs", ""]

@@ -399,3 +399,63 @@ def table2(records: list) -> tuple:
               else ["–", "–"])
       rows.append(row)
   return header, rows
+
+
+def islands_table(records: list) -> tuple:
+  """(header, rows): §5.3 as numbers. Runs of launched processes grouped by model,
+  devices, processes, global batch and length; one row per islands x link rate, per
+  system its tokens/s and fraction of its one-island row; the link bytes per step,
+  counted and analytic; the fraction an ideal link with no overlap would give (the
+  unshaped islands run's step time plus the link's bytes at its rate: dcn.py's model
+  at efficiency 1, overlap 0); and the paper's fraction for its models."""
+  launched = [r for r in records if r["num_processes"] > 1 and "islands" in r]
+  names = systems_in(launched)
+  header = ["model", "devices", "processes", "islands x devices", "link rate"]
+  for s in names:
+    header += [f"{s} tokens/s [spread]", f"{s} of 1 island"]
+  header += ["link bytes/step (counted)", "link bytes/step (analytic)",
+             "ideal-link projection", "published fraction"]
+  rows = []
+  for runs in group(launched, lambda r: (r["model"], r["num_devices"], r["num_processes"],
+                                         r["global_batch"], r["targets_length"])).values():
+    place = lambda r: (r["islands"], r.get("dcn_rate") or "loopback")
+    medians = {}
+    for (where, s), mine in group(runs, lambda r: (place(r), r["system"])).items():
+      ok = [r for r in mine if r["status"] == "ok"]
+      if ok:
+        medians[(where, s)] = (tokens_band(ok), ok[-1])
+    for where, mine in group(runs, place).items():
+      first = mine[0]
+      row = [first["model"], str(first["num_devices"]), str(first["num_processes"]),
+             f"{first['islands']} x {first['devices_per_island']}", where[1]]
+      for s in names:
+        got, one = medians.get((where, s)), medians.get(((1, "loopback"), s))
+        row += ([f"{got[0][0]:,.0f} [{_si(got[0][1])}–{_si(got[0][2])}]",
+                 f"{got[0][0] / one[0][0]:.3f}" if one else "–"] if got else ["–", "–"])
+      ok = [r for r in mine if r["status"] == "ok"]
+      last = ok[-1] if ok else first
+      counted, analytic = last.get("link_bytes_per_step"), last.get(
+          "link_bytes_per_step_analytic")
+      row += [f"{counted:,.0f}" if counted else "–", f"{analytic:,.0f}" if analytic else "–",
+              _ideal_link_fraction(last, medians), _published_fraction(first["model"])]
+      rows.append(row)
+  return header, rows
+
+
+def _ideal_link_fraction(r: dict, medians: dict) -> str:
+  """Step time on an unshaped link plus the bytes one island sends at the rate."""
+  from tf_tput.runtime import islands
+  rate = islands.parse_rate(r["dcn_rate"]) if r.get("dcn_rate") else None
+  base = medians.get(((r["islands"], islands.NO_LIMIT), r["system"]))
+  one = medians.get(((1, "loopback"), r["system"]))
+  if not rate or not base or not one or not r.get("link_bytes_per_step"):
+    return "–"
+  base_s = base[1]["step_time_s"]["median"]
+  transfer_s = r["link_bytes_per_step"] / r["islands"] * 8 / rate
+  one_s = one[1]["step_time_s"]["median"]
+  return f"{one_s / (base_s + transfer_s):.3f}"
+
+
+def _published_fraction(model: str) -> str:
+  pub = published.MULTI_ISLAND.get(model)
+  return f"{pub[3]:g} ({pub[0]} x {pub[1]})" if pub else "–"
