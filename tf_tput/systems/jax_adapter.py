@@ -145,9 +145,12 @@ class JaxSystem:
   framework = "jax"
   multi_process = True   # every launched process runs the same program
   embeddings = ("one_hot", "gather")
-  pipelines = False
+  pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
 
-  def build(self, experiment, topology) -> JaxTrainer:
+  def build(self, experiment, topology):
+    if experiment.pipelined:
+      from tf_tput.systems.jax_pipeline import JaxPipelineTrainer
+      return JaxPipelineTrainer(experiment, topology)
     return JaxTrainer(experiment, topology)
 
 
