@@ -310,6 +310,10 @@ class JaxPipelineTrainer:
                                                   lambda index, v=v: v[index])
             for k, v in self.micro_batches(batch).items()}
 
+  def lower(self, batch: dict):
+    """The jitted step lowered for this batch (for .compile().as_text(), tests)."""
+    return self._step.lower(self._params, self._opt_state, self.global_batch(batch))
+
   def dispatch(self, batch: dict):
     """Starts one step; its loss as an unfetched jax.Array (float() waits for it)."""
     self._params, self._opt_state, loss = self._step(
