@@ -145,10 +145,13 @@ class JaxSystem:
   framework = "jax"
   multi_process = True   # every launched process runs the same program
   embeddings = ("one_hot", "gather")
-  pipelines = False
+  pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
   islands = True         # data parallel across tf_tput.launch --islands (jax_islands.py)
 
-  def build(self, experiment, topology) -> JaxTrainer:
+  def build(self, experiment, topology):
+    if experiment.pipelined:
+      from tf_tput.systems.jax_pipeline import JaxPipelineTrainer
+      return JaxPipelineTrainer(experiment, topology)
     if topology.islands > 1:
       from tf_tput.systems.jax_islands import JaxIslandTrainer
       return JaxIslandTrainer(experiment, topology)
