@@ -13,7 +13,7 @@ from tf_tput.suite import __main__ as suite_main
 from record_fixtures import micro_record, train_record
 
 SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
-          "table2_paper"]
+          "table2_paper", "islands_local"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -240,3 +240,15 @@ def test_table2_suites_hold_batch_and_length_constant_across_partitionings():
     assert seen == shapes, name
   paper = {run.label for run in suites.expand(suites.load("table2_paper"))}
   assert len(paper) == 6  # SPMD for both systems, four pipelines for jax
+
+
+def test_islands_local_runs_under_the_launcher_with_one_key_per_link():
+  runs = suites.expand(suites.load("islands_local"))
+  launchers = [run.launcher for run in runs]
+  assert launchers == [("--num_processes=2",)] + [
+      ("--num_processes=2", "--islands=2", f"--dcn_rate={rate}")
+      for rate in ("none", "100mbit", "20mbit")]
+  command = runs[1].command("out.jsonl")
+  assert command[1:3] == ["-m", "tf_tput.launch"] and "--" in command
+  assert command[command.index("--") + 2:command.index("--") + 4] == ["-m", "tf_tput.train"]
+  assert len({run.key for run in runs}) == 4
