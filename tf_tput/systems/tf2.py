@@ -66,7 +66,8 @@ class Tf2Trainer:
       if len(topology.devices) < replicas:
         raise UsageError(f"mesh {experiment.mesh.mesh_shape!r} needs {replicas} devices; "
                          f"the topology has {len(topology.devices)}")
-      self._strategy = tf.distribute.MirroredStrategy(list(topology.devices[:replicas]))
+      self._devices = list(topology.devices[:replicas])
+      self._strategy = tf.distribute.MirroredStrategy(self._devices)
     else:
       self._strategy = tf.distribute.get_strategy()  # the default: no replication
     self._replicas = replicas
@@ -126,9 +127,10 @@ class Tf2Trainer:
       return {k: tf.constant(v) for k, v in batch.items()}
     size = self._per_replica
 
-    def value_fn(context):
+    def value_fn(context):  # replica i's rows, on replica i's device
       i = context.replica_id_in_sync_group
-      return {k: tf.constant(v[i * size:(i + 1) * size]) for k, v in batch.items()}
+      with tf.device(self._devices[i]):
+        return {k: tf.identity(v[i * size:(i + 1) * size]) for k, v in batch.items()}
     return self._strategy.experimental_distribute_values_from_function(value_fn)
 
   def step(self, batch: dict) -> float:
