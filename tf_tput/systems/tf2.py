@@ -60,7 +60,6 @@ class Tf2Trainer:
     check_mesh(experiment)
     self._tf = tf
     m = experiment.model
-    self._m = m
     replicas = num_replicas(experiment)
     if replicas > 1:
       if len(topology.devices) < replicas:
