@@ -79,6 +79,9 @@ def check_strategy(system: str, strategy: str, experiment,
   if strategy != "local" and system != "mtf":
     raise UsageError(f"--strategy={strategy} is for --system=mtf; --system={system} "
                      "runs locally or as processes of tf_tput.launch --num_processes")
+  if system == "tf2":  # strategies replicate: a data-parallel mesh only (no TF needed)
+    from tf_tput.systems import tf2
+    tf2.check_mesh(experiment)
   if strategy != "local" and num_cpu_devices is not None:
     raise UsageError(f"--num_cpu_devices applies to --strategy=local; with {strategy} the "
                      "devices come from the cluster (tf_tput.launch --devices_per_worker)")

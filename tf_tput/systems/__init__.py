@@ -33,6 +33,7 @@ from tf_tput.errors import UsageError
 REGISTRY = {
     "mtf": "tf_tput.systems.mtf",
     "jax": "tf_tput.systems.jax_adapter",
+    "tf2": "tf_tput.systems.tf2",
 }
 
 

@@ -1,0 +1,38 @@
+"""--system=tf2 under MirroredStrategy: two replicas on two virtual CPUs train what mtf
+trains on the same mesh, and a model axis is refused in one line before TF starts.
+
+Virtual CPU devices can be configured once per process, so each case is a subprocess.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run(module: str, *args: str, timeout: float = 300):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+  return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_replicas_match_mtf_on_the_same_mesh():
+  done = _run("tf_tput.parity", "--gin_file=gin/models/t5_tiny.gin", "--mesh=batch:2",
+              "--systems=mtf,tf2")
+  print(done.stdout)
+  assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+  assert "mesh batch:2" in done.stdout and "parity: all 10 steps" in done.stdout
+
+
+def test_model_axis_is_one_line_error_before_tf_starts(tmp_path):
+  done = _run("tf_tput.train", "--system=tf2", "--gin_file=gin/models/t5_tiny.gin",
+              "--gin_file=gin/mesh/data2_model2.gin", "--num_cpu_devices=4",
+              f"--results={tmp_path}/runs.jsonl", timeout=60)
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert len(errors) == 1 and "model:2" in errors[0]
+  assert "--system=mtf or --system=jax" in errors[0]
+  assert "tensorflow" not in done.stderr.lower().replace("tf.distribute", "")
+  assert not (tmp_path / "runs.jsonl").exists()
