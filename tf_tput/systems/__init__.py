@@ -20,7 +20,7 @@ the step) lets the loop keep TrainConfig.sync_every steps in flight (jax); a tra
 without it has a synchronous step (mtf: Session.run returns when the step is done),
 and records say so (synchronous_step).
 tf_tput.parity also uses two optional Trainer methods: export_variables() ->
-{mtf variable name: numpy array} and load_variables(values) (mtf, jax).
+{mtf variable name: numpy array} and load_variables(values) (every system).
 Modules are imported only when chosen, so choosing a system loads only its framework.
 """
 

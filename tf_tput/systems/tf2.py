@@ -168,6 +168,7 @@ class Tf2System:
   multi_process = False   # one process; MultiWorkerMirroredStrategy is not wired up
   embeddings = ("one_hot", "gather")
   pipelines = False
+  islands = False
 
   def build(self, experiment, topology) -> Tf2Trainer:
     check_mesh(experiment)
