@@ -32,6 +32,7 @@ setup(
         # The Ray micro-benchmark (actors + torch.distributed gloo). torch 2.13.0 is
         # the CPU build on these machines' disk; a plain `torch` pulls a CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],
-        "test": ["pytest>=7,<9", "psutil>=5.9,<8"],
+        # pytest-xdist: scripts/test.sh runs the suite in up to 4 workers.
+        "test": ["pytest>=7,<9", "psutil>=5.9,<8", "pytest-xdist>=3.5,<4"],
     },
 )

@@ -16,6 +16,15 @@ A TF cluster (N tf.distribute.Server workers, the command as their chief):
 The workers (tf_tput.runtime.tf_server) listen on free loopback ports (or --port onwards) and
 must serve within --start_timeout_s; the command gets TF_CONFIG naming it the chief.
 
+TF2 under MultiWorkerMirroredStrategy, where every worker runs the program (chosen
+when the command trains --system=tf2):
+
+    python -m tf_tput.launch --num_workers=2 --devices_per_worker=2 -- \
+        python -m tf_tput.train --system=tf2 --strategy=multi_worker ...
+
+starts 2 copies of the command, each with TF_CONFIG naming it worker i of a loopback
+cluster; worker 0 appends the record.
+
 JAX processes across islands (tf_tput.runtime.islands: network namespaces joined by
 links shaped to --dcn_rate; needs root and iproute2):
 
@@ -38,6 +47,9 @@ from tf_tput.errors import UsageError
 from tf_tput.runtime import islands, processes, tf_workers
 
 FLAGS = flags.FLAGS
+# A command with this argument runs on every worker (MultiWorkerMirroredStrategy);
+# any other is the chief of tf_server workers (mtf's single controller).
+EVERY_WORKER_RUNS = "--system=tf2"
 flags.DEFINE_integer("num_processes", None, "JAX: processes to start, each running the "
                      "command.")
 flags.DEFINE_integer("num_workers", None, "TF: worker servers to start; the command runs "
@@ -78,6 +90,11 @@ def _tf_cluster(command) -> int:
       return _usage(f"--port={FLAGS.port}: port(s) {', '.join(map(str, busy))} of "
                     f"{ports[0]}-{ports[-1]} are in use; choose another --port or leave it "
                     "unset for free ports")
+  if EVERY_WORKER_RUNS in command:
+    return tf_workers.launch_every_worker(command, FLAGS.num_workers,
+                                          FLAGS.devices_per_worker, FLAGS.grace_s,
+                                          FLAGS.timeout_s,
+                                          ports[:FLAGS.num_workers] if ports else None)
   return tf_workers.launch(command, FLAGS.num_workers, FLAGS.devices_per_worker,
                            FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s, ports)
 

@@ -165,7 +165,7 @@ def _check_strategy(experiment):
   if strategy == "local" and FLAGS.system == "mtf" and os.environ.get(cluster.ENV):
     raise UsageError(f"{cluster.ENV} is set (a cluster) but --strategy=local; pass "
                      f"--strategy=multi_worker, or unset {cluster.ENV} to run locally")
-  if strategy == "multi_worker":
+  if strategy == "multi_worker" and not systems.load(FLAGS.system).every_worker:
     if not FLAGS.cluster_timeout_s > 0:
       raise UsageError(f"--cluster_timeout_s={FLAGS.cluster_timeout_s}; it must be > 0")
     chief, _ = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""))
@@ -261,8 +261,11 @@ def _resolve_devices(system, experiment, tpu_address):
                      "controller), not under tf_tput.launch --num_processes; for a "
                      "cluster use tf_tput.launch --num_workers=N -- ... "
                      "--strategy=multi_worker")
+  if num_processes > 1 and system.every_worker and FLAGS.strategy != "multi_worker":
+    raise UsageError(f"--system={FLAGS.system} runs as several processes only as the "
+                     "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")
   topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices, FLAGS.strategy,
-                                  FLAGS.cluster_timeout_s, tpu_address)
+                                  FLAGS.cluster_timeout_s, tpu_address, system.every_worker)
   config.validate(experiment, num_devices=topology.num_devices,
                   num_processes=num_processes)
   if FLAGS.tpu_type:

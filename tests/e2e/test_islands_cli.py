@@ -17,7 +17,8 @@ from cli_helpers import REPO, error_lines, run_cli
 
 pytestmark = [pytest.mark.skipif(islands.missing() is not None,
                                  reason=str(islands.missing())),
-              pytest.mark.usefixtures("no_leftover_processes")]
+              pytest.mark.usefixtures("no_leftover_processes"),
+              pytest.mark.xdist_group("islands")]  # they compare `ip netns list`
 
 # Each child checks where it is, then behaves as its process id says.
 CHILD = """

@@ -17,6 +17,8 @@ from tf_tput.errors import UsageError
 from tf_tput.runtime import islands
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# They compare `ip netns list` before and after: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("islands")
 needs_islands = pytest.mark.skipif(islands.missing() is not None,
                                    reason=str(islands.missing()))
 

@@ -136,17 +136,35 @@ def probe_alone(topology, dtype: str, probes: bool) -> tuple:
   The processes of tf_tput.launch --num_processes share this host's cores: a peer
   still compiling its trainer would slow the probe's matmuls and understate the
   peak. So every JAX process waits at a barrier before the probe and another after
-  it, and only then builds its trainer. TF multi_worker needs none: only the chief
-  runs train and builds the graph; the workers are tf.distribute servers that run
-  nothing but what the chief's session sends them, and the chief probes before it
-  builds the trainer.
+  it, and only then builds its trainer; so do tf2's multi_worker workers, which all
+  run the program. mtf's multi_worker needs none: only the chief runs train and
+  builds the graph; the workers are tf.distribute servers that run nothing but what
+  the chief's session sends them, and the chief probes before it builds the trainer.
   Returns (None, NOT_PROBED) in the processes that do not probe.
   """
-  barrier = topology.framework == "jax" and topology.num_processes > 1
-  if barrier:
-    from jax.experimental import multihost_utils
-    multihost_utils.sync_global_devices("before the peak probe")
+  barrier = _barrier(topology)
+  barrier("before the peak probe")
   result = peak(topology, dtype) if probes else (None, NOT_PROBED)
-  if barrier:
-    multihost_utils.sync_global_devices("after the peak probe")
+  barrier("after the peak probe")
   return result
+
+
+def _barrier(topology) -> Callable[[str], None]:
+  """A wait for every process of the run: JAX processes' global sync, or for TF
+  workers that all run the program (tf2 multi_worker) an all-reduce over their
+  strategy; nothing for one process or a TF chief that drives servers."""
+  if topology.num_processes == 1:
+    return lambda name: None
+  if topology.framework == "jax":
+    from jax.experimental import multihost_utils
+    return multihost_utils.sync_global_devices
+  strategy = topology.handles.get("strategy")
+  if strategy is None:
+    return lambda name: None
+  import tensorflow as tf
+
+  @tf.function
+  def all_reduce():
+    return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.constant(1.0)))
+  return lambda name: all_reduce()

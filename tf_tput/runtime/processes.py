@@ -135,12 +135,13 @@ def how(code: int) -> str:
 
 def launch(command: list, num_processes: int, grace_s: float,
            timeout_s: float = None, reraise_interrupt: bool = False,
-           network=None) -> int:
+           network=None, env_of=None) -> int:
   """Runs `command` in num_processes processes; 0 when all succeed.
 
   With `network` (a runtime.islands.IslandNetwork) the processes split into its
   islands in order, each started inside its island, the coordinator on island 0's
-  address; otherwise on loopback.
+  address; otherwise on loopback. env_of(index), when given, adds variables to a
+  process's environment (a TF_CONFIG each).
   On Ctrl-C / SIGTERM every process is stopped, then the exit code is 128 + signal,
   or KeyboardInterrupt is raised when the caller has more to stop (reraise_interrupt).
   """
@@ -150,18 +151,19 @@ def launch(command: list, num_processes: int, grace_s: float,
   with recording_signals() as interrupted:
     try:
       return _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                         coordinator, procs, interrupted, network)
+                         coordinator, procs, interrupted, network, env_of)
     finally:
       stop(procs, grace_s)  # no orphans, whatever happened
 
 
 def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                coordinator, procs, interrupted, network) -> int:
+                coordinator, procs, interrupted, network, env_of) -> int:
   islands = network.islands if network else []
   for index in range(num_processes):
     env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
                               topology.NUM_PROCESSES_ENV: str(num_processes),
                               topology.PROCESS_ID_ENV: str(index)})
+    env.update(env_of(index) if env_of else {})
     prefix = []
     if islands:
       island = islands[index * len(islands) // num_processes]

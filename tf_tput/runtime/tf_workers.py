@@ -39,6 +39,10 @@ def busy_ports(ports) -> list:
   return busy
 
 
+# Logical CPU devices each worker of launch_every_worker configures for itself.
+DEVICES_ENV = "TF_TPUT_DEVICES_PER_WORKER"
+
+
 def loopback_cluster(num_workers: int, with_chief: bool, ports=None) -> dict:
   """A cluster spec on 127.0.0.1: free ports, or `ports` (chief first) when given."""
   count = num_workers + int(with_chief)
@@ -124,6 +128,18 @@ class WorkerProcesses:
   def stop(self, grace_s: float) -> None:
     """SIGTERM to every worker's process group, SIGKILL to any left after the grace."""
     processes.stop(self.procs, grace_s)
+
+
+def launch_every_worker(command: list, num_workers: int, devices_per_worker: int,
+                        grace_s: float, timeout_s: float = None, ports=None) -> int:
+  """N copies of `command`, worker i with TF_CONFIG naming it task i of a loopback
+  "worker" job (MultiWorkerMirroredStrategy's cluster: every worker runs the program,
+  worker 0 is its chief) and DEVICES_ENV; failures and Ctrl-C as processes.launch."""
+  spec = loopback_cluster(num_workers, with_chief=False, ports=ports)
+  return processes.launch(
+      command, num_workers, grace_s, timeout_s,
+      env_of=lambda i: {cluster.ENV: tf_config(spec, cluster.WORKER, i),
+                        DEVICES_ENV: str(devices_per_worker)})
 
 
 def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: float,

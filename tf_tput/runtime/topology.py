@@ -76,9 +76,13 @@ def check_strategy(system: str, strategy: str, experiment,
                    num_cpu_devices: Optional[int] = None) -> None:
   """What --strategy asks of the system and the config, checked the same way by
   tf_tput.train and a suite's validation (the environment's part stays in train)."""
-  if strategy != "local" and system != "mtf":
-    raise UsageError(f"--strategy={strategy} is for --system=mtf; --system={system} "
-                     "runs locally or as processes of tf_tput.launch --num_processes")
+  from tf_tput import systems
+  allowed = systems.load(system).strategies
+  if strategy not in allowed:
+    raise UsageError(f"--strategy={strategy} is not one --system={system} runs under; "
+                     f"it runs under {', '.join(allowed)}" + (
+                         " (processes come from tf_tput.launch --num_processes)"
+                         if allowed == ("local",) else ""))
   if system == "tf2":  # strategies replicate: a data-parallel mesh only (no TF needed)
     from tf_tput.systems import tf2
     tf2.check_mesh(experiment)
@@ -96,9 +100,10 @@ def check_strategy(system: str, strategy: str, experiment,
 
 
 def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "local",
-            cluster_timeout_s: float = 60.0, tpu_address=None) -> Topology:
+            cluster_timeout_s: float = 60.0, tpu_address=None,
+            every_worker: bool = False) -> Topology:
   if strategy == "multi_worker":
-    return _resolve_tf_cluster(cluster_timeout_s)
+    return _resolve_tf_workers() if every_worker else _resolve_tf_cluster(cluster_timeout_s)
   if strategy == "tpu":
     return _resolve_tpu(tpu_address)
   if framework == "tf":
@@ -133,6 +138,39 @@ def _resolve_tf_cluster(cluster_timeout_s: float) -> Topology:
                   num_processes=len(workers), strategy="multi_worker",
                   session_target=server.target, workers=tuple(workers),
                   shares_host_cpu=loopback and not gpu, handles={"server": server})
+
+
+def _resolve_tf_workers() -> Topology:
+  """This process as one worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG,
+  a "worker" job, worker 0 its chief), with tf_workers.DEVICES_ENV logical CPUs.
+  The strategy is made here, before any TensorFlow op runs (it must be), and kept in
+  handles; the devices are every worker's, in task order."""
+  import json
+  from tf_tput.runtime import tf_workers
+  text = os.environ.get(cluster.ENV, "")
+  try:
+    tf_config = json.loads(text)
+    workers, index = tf_config["cluster"]["worker"], tf_config["task"]["index"]
+  except (ValueError, KeyError, TypeError):
+    raise UsageError(f"--strategy=multi_worker for a program every worker runs needs "
+                     f"{cluster.ENV} with a cluster.worker list and this task's index "
+                     f"(got {text!r}); tf_tput.launch --num_workers=N sets it") from None
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf
+  per_worker = int(os.environ.get(tf_workers.DEVICES_ENV, "1"))
+  if per_worker > 1:
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * per_worker)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  devices = tuple(f"/job:worker/replica:0/task:{t}/device:CPU:{d}"
+                  for t in range(len(workers)) for d in range(per_worker))
+  loopback = all(w.startswith(("127.", "localhost:", "[::1]")) for w in workers)
+  return Topology("tf", "cpu", devices,
+                  provenance.cpu_model() if loopback else "remote host CPU",
+                  num_processes=len(workers), strategy="multi_worker",
+                  shares_host_cpu=loopback, handles={"strategy": strategy,
+                                                     "task_index": index})
 
 
 def _resolve_tpu(tpu_address) -> Topology:

@@ -4,6 +4,9 @@
       name: str
       framework: str                      # which topology resolver it needs ("tf", "jax")
       multi_process: bool                 # can run as several launched processes
+      strategies: tuple                   # the --strategy values it runs under
+      every_worker: bool                  # multi_worker: every worker runs the program
+                                          # (tf2); else this process drives them (mtf)
       embeddings: tuple                   # the ModelConfig.embedding values it computes
       pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
       islands: bool                       # trains across tf_tput.launch --islands
@@ -51,6 +54,8 @@ class System(Protocol):
   name: str
   framework: str
   multi_process: bool
+  strategies: tuple
+  every_worker: bool
   embeddings: tuple
   pipelines: bool
   islands: bool

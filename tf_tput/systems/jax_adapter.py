@@ -144,6 +144,8 @@ class JaxSystem:
   name = "jax"
   framework = "jax"
   multi_process = True   # every launched process runs the same program
+  strategies = ("local",)  # processes come from tf_tput.launch --num_processes
+  every_worker = False
   embeddings = ("one_hot", "gather")
   pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
   islands = True         # data parallel across tf_tput.launch --islands (jax_islands.py)

@@ -159,6 +159,8 @@ class MtfSystem:
   name = "mtf"
   framework = "tf"
   multi_process = False  # one Session drives every device: a single controller
+  strategies = ("local", "multi_worker", "tpu")
+  every_worker = False  # the chief drives tf_server workers
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
   pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
   islands = False  # TF workers in islands are not implemented yet

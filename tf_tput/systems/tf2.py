@@ -6,7 +6,9 @@ runs one step as a tf.function around one strategy.run:
 
 * one device: no replication (the default strategy);
 * several local devices (GPUs, or virtual CPUs from --num_cpu_devices): a
-  MirroredStrategy over topology.devices. Each replica gets its slice of the same
+  MirroredStrategy over topology.devices; the workers of tf_tput.launch
+  --num_workers (--strategy=multi_worker): the MultiWorkerMirroredStrategy
+  runtime/topology.py made, every worker running this same program. Each replica gets its slice of the same
   numpy global batch (experimental_distribute_values_from_function) and computes its
   loss with the global batch's denominator, so the SUM of the replicas' losses is
   mtf's loss on the global batch and the SUM of their gradients is its gradient; the
@@ -66,7 +68,9 @@ class Tf2Trainer:
         raise UsageError(f"mesh {experiment.mesh.mesh_shape!r} needs {replicas} devices; "
                          f"the topology has {len(topology.devices)}")
       self._devices = list(topology.devices[:replicas])
-      self._strategy = tf.distribute.MirroredStrategy(self._devices)
+      # multi_worker: the MultiWorkerMirroredStrategy topology made before any op ran.
+      self._strategy = (topology.handles.get("strategy")
+                        or tf.distribute.MirroredStrategy(self._devices))
     else:
       self._strategy = tf.distribute.get_strategy()  # the default: no replication
     self._replicas = replicas
@@ -165,7 +169,9 @@ class Tf2Trainer:
 class Tf2System:
   name = "tf2"
   framework = "tf"
-  multi_process = False   # one process; MultiWorkerMirroredStrategy is not wired up
+  multi_process = True    # as workers of tf_tput.launch --num_workers (multi_worker)
+  strategies = ("local", "multi_worker")
+  every_worker = True  # MultiWorkerMirroredStrategy: each worker runs the program
   embeddings = ("one_hot", "gather")
   pipelines = False
   islands = False
