@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The default benchmark, a few minutes on 2 cores: the Mesh TensorFlow baseline (mtf)
-# and the JAX adapter (jax), batch 8, lengths 128/128, on
-#   t5_tiny  4 virtual CPU devices as a 2x2 mesh (dispatch- and partitioning-bound)
-#   t5_small 1 device (matmul-bound)
+# The default benchmark, a few minutes on 2 cores: the Mesh TensorFlow baseline (mtf),
+# the JAX adapter (jax) and TF2 (tf2), batch 8, lengths 128/128, on
+#   t5_tiny  4 virtual CPU devices as a 2x2 mesh (dispatch- and partitioning-bound;
+#            mtf and jax: tf2's strategies replicate, they have no model axis)
+#   t5_small 1 device (matmul-bound), all three
 # in float32, and in bfloat16 only where the CPU multiplies bfloat16 natively (AMX /
 # AVX-512 BF16): elsewhere TF's bfloat16 step is ~10x its float32 one and would take
 # most of the time (BENCH_BFLOAT16=1 runs it anyway). Prints one table with each
@@ -24,10 +25,10 @@ else
        "(README, 'bfloat16 on CPUs'); BENCH_BFLOAT16=1 runs it anyway" >&2
 fi
 status=0
-# model, mesh file, virtual devices, measured steps, warmup steps
-while read -r model mesh devices steps warmup; do
+# model, mesh file, virtual devices, measured steps, warmup steps, systems
+while read -r model mesh devices steps warmup systems; do
   for dtype in $dtypes; do
-    for system in mtf jax; do
+    for system in ${systems//,/ }; do
       echo "== $model $dtype $system" >&2
       .venv/bin/python -m tf_tput.train --system="$system" \
         --gin_file="gin/models/$model.gin" --gin_file="gin/mesh/$mesh.gin" \
@@ -39,8 +40,8 @@ while read -r model mesh devices steps warmup; do
     done
   done
 done <<'RUNS'
-t5_tiny data2_model2 4 10 2
-t5_small single 1 5 1
+t5_tiny data2_model2 4 10 2 mtf,jax
+t5_small single 1 5 1 mtf,jax,tf2
 RUNS
 echo
 .venv/bin/python -m tf_tput.report --results="$out"

@@ -20,7 +20,7 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "layout": "batch:batch;d_ff:model;heads:model;vocab:model", "num_devices": 4,
       "num_processes": 1, "global_batch": 8, "inputs_length": 128, "targets_length": 128,
       "dtype": "float32", "embedding": "one_hot", "pipeline_stages": 1,
-      "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "islands": 1,
+      "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "islands": 0,
       "devices_per_island": 4, "dcn_rate": None, "link_bytes_per_step": None,
       "link_bytes_per_step_analytic": None, "steps": steps,
       "warmup_steps": 2,

@@ -44,7 +44,7 @@ from absl import app
 from absl import flags
 
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands, processes, tf_workers
+from tf_tput.runtime import islands, processes, tf_workers, topology
 
 FLAGS = flags.FLAGS
 # A command with this argument runs on every worker (MultiWorkerMirroredStrategy);
@@ -62,7 +62,8 @@ flags.DEFINE_float("grace_s", 5.0, "Seconds between SIGTERM and SIGKILL when sto
 flags.DEFINE_float("timeout_s", None, "Stop everything and fail after this many seconds.")
 flags.DEFINE_integer("islands", None, "JAX: split the processes into this many islands, "
                      "network namespaces on 198.18.0.0/15 joined by links shaped to "
-                     "--dcn_rate (needs root and iproute2). Unset: loopback, one island.")
+                     "--dcn_rate (needs root and iproute2); 1: one island on loopback "
+                     "with the same island axis (the baseline). Unset: no island axis.")
 flags.DEFINE_string("dcn_rate", islands.NO_LIMIT, "With --islands: the rate each "
                     "island's link sends at, as tc writes it (1gbit, 200mbit), or "
                     f"{islands.NO_LIMIT}.")
@@ -128,10 +129,17 @@ def main(argv) -> int:
 
 def _in_islands(command) -> int:
   rate = islands.parse_rate(FLAGS.dcn_rate)
-  if FLAGS.islands < 2 or FLAGS.num_processes % FLAGS.islands:
+  if FLAGS.islands < 1 or FLAGS.num_processes % FLAGS.islands:
     raise UsageError(f"--islands={FLAGS.islands} with --num_processes="
-                     f"{FLAGS.num_processes}: give >= 2 islands that divide the processes "
+                     f"{FLAGS.num_processes}: give islands that divide the processes "
                      "evenly")
+  if FLAGS.islands == 1:  # the baseline: one island on loopback, the same island axis
+    if rate is not None:
+      raise UsageError(f"--dcn_rate={FLAGS.dcn_rate} with --islands=1: one island has no "
+                       "link between islands; drop --dcn_rate")
+    return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s, FLAGS.timeout_s,
+                            env_of=lambda i: {topology.NUM_ISLANDS_ENV: "1",
+                                              topology.ISLAND_ENV: "0"})
   with islands.IslandNetwork(FLAGS.islands, rate) as network:
     return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
                             FLAGS.timeout_s, network=network)

@@ -190,7 +190,7 @@ def _check_strategy(experiment):
 def _check_islands(experiment) -> None:
   """Processes tf_tput.launch --islands put in islands train data parallel across them."""
   num_islands = topology_lib.launched_islands()
-  if num_islands == 1:
+  if not num_islands:
     return
   if not systems.load(FLAGS.system).islands:
     raise UsageError(f"--system={FLAGS.system} does not train across islands; use "
@@ -201,12 +201,12 @@ def _check_islands(experiment) -> None:
 def _island_fields(experiment, timer, num_params: int, num_devices: int) -> dict:
   """The record's island fields: how many, their link's rate, and the bytes that
   crossed between them per measured step, counted and as the reduction predicts."""
-  num_islands = topology_lib.launched_islands()
+  num_islands = topology_lib.launched_islands()  # 0: not under --islands
   measured = timer.measured_change if timer is not None else None
   gradient_bytes = num_params * models.BYTES_PER_VARIABLE_ELEMENT
-  one = num_islands == 1
+  one = num_islands <= 1
   return {
-      "islands": num_islands, "devices_per_island": num_devices // num_islands,
+      "islands": num_islands, "devices_per_island": num_devices // max(1, num_islands),
       "dcn_rate": None if one else os.environ.get(islands.DCN_RATE_ENV),
       "link_bytes_per_step": (None if measured is None
                               else measured / experiment.train.steps),

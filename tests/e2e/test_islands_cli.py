@@ -120,7 +120,10 @@ def test_a_model_parallel_mesh_across_islands_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--islands=2", "--num_processes=3"], "--islands=2 with --num_processes=3: give >= 2"),
+    (["--islands=2", "--num_processes=3"], "--islands=2 with --num_processes=3: give "
+     "islands that divide"),
+    (["--islands=1", "--num_processes=2", "--dcn_rate=1gbit"],
+     "one island has no link between islands"),
     (["--islands=2", "--num_processes=2", "--dcn_rate=fast"],
      "--dcn_rate='fast' is not a rate"),
     (["--num_processes=2", "--dcn_rate=1gbit"], "add --islands=K"),

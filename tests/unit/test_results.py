@@ -18,7 +18,7 @@ def valid_record(**overrides) -> dict:
       "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
       "num_devices": 4, "num_processes": 1, "global_batch": 8, "inputs_length": 16,
       "targets_length": 16, "dtype": "float32", "embedding": "one_hot", "pipeline_stages": 1,
-      "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "islands": 1,
+      "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "islands": 0,
       "devices_per_island": 4, "dcn_rate": None, "link_bytes_per_step": None,
       "link_bytes_per_step_analytic": None, "steps": 4,
       "warmup_steps": 2, "sync_every": 1, "synchronous_step": True,

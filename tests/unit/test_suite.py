@@ -32,7 +32,9 @@ def test_table1_local_runs_every_model_through_every_system():
   runs = suites.expand(suites.load("table1_local"))
   assert [(r.flags["gin_file"][0], r.flags["system"]) for r in runs] == [
       (f"gin/models/{m}.gin", s) for m in ("t5_tiny", "t5_small", "t5_base")
-      for s in ("mtf", "jax")]
+      for s in ("mtf", "jax")] + [
+      (f"gin/models/{m}.gin", s) for m in ("t5_tiny", "t5_small")
+      for s in ("mtf", "jax", "tf2")]
   assert all(r.flags["num_cpu_devices"] == 4 and r.module == suites.TRAIN_MODULE
              for r in runs)
   args = runs[0].args("out.jsonl")
@@ -245,7 +247,7 @@ def test_table2_suites_hold_batch_and_length_constant_across_partitionings():
 def test_islands_local_runs_under_the_launcher_with_one_key_per_link():
   runs = suites.expand(suites.load("islands_local"))
   launchers = [run.launcher for run in runs]
-  assert launchers == [("--num_processes=2",)] + [
+  assert launchers == [("--num_processes=2", "--islands=1")] + [
       ("--num_processes=2", "--islands=2", f"--dcn_rate={rate}")
       for rate in ("none", "100mbit", "20mbit")]
   command = runs[1].command("out.jsonl")

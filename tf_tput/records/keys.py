@@ -76,9 +76,10 @@ def run_key(system: str, gin_files: Sequence[str], gin_params: Sequence[str],
   return _hash("tf_tput.train", values)
 
 
-def launch_fields(processes: int, islands: int = 1, dcn_rate: str = "none") -> Optional[dict]:
-  """What of tf_tput.launch a run key holds: JAX processes and the islands' link."""
-  if processes == 1:
+def launch_fields(processes: int, islands: int = 0, dcn_rate: str = "none") -> Optional[dict]:
+  """What of tf_tput.launch a run key holds: JAX processes and the islands (0: no
+  --islands) with their link."""
+  if processes == 1 and not islands:
     return None
   return {"processes": processes, "islands": islands,
           "dcn_rate": dcn_rate if islands > 1 else "none"}

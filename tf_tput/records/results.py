@@ -31,7 +31,8 @@ FIELDS = {
     # there is none; bubble_fraction is the theoretical (S-1)/(M+S-1).
     "pipeline_stages": int, "micro_batches": int, "schedule": _OPT_STR,
     "bubble_fraction": _NUM,
-    # Across tf_tput.launch --islands (runtime/islands.py): 1 island and None without;
+    # Across tf_tput.launch --islands=K (runtime/islands.py): K (1: one island on
+    # loopback, the same hierarchical reduction), 0 and None without --islands;
     # link bytes: sent between islands per measured step, counted on the links and as
     # the hierarchical reduction predicts.
     "islands": int, "devices_per_island": int, "dcn_rate": _OPT_STR,

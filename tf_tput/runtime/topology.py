@@ -34,7 +34,7 @@ class Topology:
   session_target: str = ""   # TF: "" runs in this process; grpc://... a cluster's master
   workers: tuple = ()        # multi_worker: cluster.Worker entries, devices listed
   shares_host_cpu: bool = True  # every device runs on this host's CPU cores
-  islands: int = 1           # tf_tput.launch --islands: processes in network namespaces
+  islands: int = 0           # tf_tput.launch --islands=K (0: none): an island mesh axis
   # Objects the run needs alive: the chief's tf.distribute.Server, TPU handles.
   handles: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -68,8 +68,9 @@ def launched_processes() -> tuple:
 
 
 def launched_islands() -> int:
-  """How many islands tf_tput.launch --islands split the processes into; 1 without."""
-  return int(os.environ.get(NUM_ISLANDS_ENV, "1"))
+  """How many islands tf_tput.launch --islands split the processes into (1: one
+  island, its processes on loopback, still with an island axis); 0 without --islands."""
+  return int(os.environ.get(NUM_ISLANDS_ENV, "0"))
 
 
 def check_strategy(system: str, strategy: str, experiment,

@@ -56,7 +56,8 @@ class TrainMatrix:
   mtf_strategy: str = "local"
   # JAX processes per run (> 1: under tf_tput.launch, num_cpu_devices each), split
   # into each of `islands` (network namespaces, needs root) joined at each of
-  # `dcn_rates` (runtime/islands.py); 1 island runs its processes on loopback.
+  # `dcn_rates` (runtime/islands.py). Beside more, 1 island is the baseline: its
+  # processes on loopback with the same island axis and reduction (--islands=1).
   processes: int = 1
   islands: Sequence[int] = (1,)
   dcn_rates: Sequence[str] = (islands_lib.NO_LIMIT,)
@@ -149,13 +150,16 @@ def _launches(m: TrainMatrix) -> list:
     return [((), None, "")]
   out, seen = [], set()
   for count, rate in itertools.product(m.islands, m.dcn_rates):
-    fields = keys.launch_fields(m.processes, count, rate)
+    island_axis = count > 1 or len(m.islands) > 1  # 1 island: the baseline's axis
+    fields = keys.launch_fields(m.processes, count if island_axis else 0, rate)
     if json.dumps(fields, sort_keys=True) in seen:
       continue
     seen.add(json.dumps(fields, sort_keys=True))
     flags = [f"--num_processes={m.processes}"]
     if count > 1:
       flags += [f"--islands={count}", f"--dcn_rate={rate}"]
+    elif count == 1 and len(m.islands) > 1:  # the baseline of an islands matrix
+      flags += ["--islands=1"]
     out.append((tuple(flags), fields, f" {m.processes} processes" + (
         f", {count} islands at {rate}" if count > 1 else "")))
   return out
@@ -326,9 +330,9 @@ def _check(suite: Suite, name: str) -> None:
 
 
 def _launched(run: Run) -> tuple:
-  """(processes, islands) the run's tf_tput.launch flags ask for; (1, 1) without."""
+  """(processes, islands) the run's tf_tput.launch flags ask for; (1, 0) without."""
   values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
-  return int(values.get("num_processes", 1)), int(values.get("islands", 1))
+  return int(values.get("num_processes", 1)), int(values.get("islands", 0))
 
 
 def validate(run: Run) -> str:
@@ -344,7 +348,7 @@ def validate(run: Run) -> str:
     if num_processes > 1 and not systems.load(run.flags["system"]).multi_process:
       raise UsageError(f"--system={run.flags['system']} runs as one process, not under "
                        "tf_tput.launch --num_processes (TrainMatrix.processes)")
-    if num_islands > 1:
+    if num_islands:
       if not systems.load(run.flags["system"]).islands:
         raise UsageError(f"--system={run.flags['system']} does not train across islands")
       islands_lib.check_mesh(experiment, num_islands)

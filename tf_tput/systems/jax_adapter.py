@@ -154,7 +154,7 @@ class JaxSystem:
     if experiment.pipelined:
       from tf_tput.systems.jax_pipeline import JaxPipelineTrainer
       return JaxPipelineTrainer(experiment, topology)
-    if topology.islands > 1:
+    if topology.islands:  # K >= 1: the same reduction for one island as for several
       from tf_tput.systems.jax_islands import JaxIslandTrainer
       return JaxIslandTrainer(experiment, topology)
     return JaxTrainer(experiment, topology)
