@@ -16,3 +16,17 @@ def no_leftover_processes(monkeypatch):
   yield mark
   left = process_checks.left_running(since, mark)
   assert not left, f"processes still running after the test: {left}"
+
+
+# Tests whose processes bind loopback ports (TF servers, JAX coordinators, Ray): under
+# scripts/test.sh's xdist workers they run in one worker, one after another, since a
+# port found free and bound a moment later could be taken by a test in another.
+LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
+                       "test_tf2_workers.py", "test_tf_cluster.py", "test_micro_ray.py",
+                       "test_micro_tf.py"}
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if item.path.name in LOOPBACK_PORT_FILES:
+      item.add_marker(pytest.mark.xdist_group("loopback_ports"))

@@ -45,7 +45,7 @@ def _fails(tmp_path, *args, expect: str):
      "maps 'd_ff' twice"),
     (("--steps=3",), "no --gin_file given"),
     ((TINY, "--strategy=multi_worker", "--system=jax"),
-     "--strategy=multi_worker is for --system=mtf"),
+     "--strategy=multi_worker is not one --system=jax runs under; it runs under local"),
     ((TINY, "--strategy=multi_worker", "--num_cpu_devices=2"),
      "--num_cpu_devices applies to --strategy=local"),
     ((TINY, "--strategy=multi_worker", "--cluster_timeout_s=0"),

@@ -21,14 +21,14 @@ pytestmark = [pytest.mark.skipif(islands.missing() is not None,
               pytest.mark.xdist_group("islands")]  # they compare `ip netns list`
 
 # Each child checks where it is, then behaves as its process id says.
-CHILD = """
+CHILD = r"""
 import os, socket, sys, time
 index = int(os.environ["TF_TPUT_PROCESS_ID"])
 island = int(os.environ["TF_TPUT_ISLAND"])
 assert island == index * 2 // 4 and os.environ["TF_TPUT_NUM_ISLANDS"] == "2"
 assert os.environ["TF_TPUT_COORDINATOR"].startswith("198.18.0.1:")
 assert socket.gethostbyname(socket.gethostname()) == f"198.18.0.{island + 1}"
-print("up", index, flush=True)
+sys.stdout.write(f"up {index}\n"); sys.stdout.flush()  # one write: 4 share the pipe
 if sys.argv[1] == "die" and index == 3:
   time.sleep(1)
   os.kill(os.getpid(), 9)

@@ -76,7 +76,7 @@ def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
   matmul = [json.loads(line) for line in out.read_text().splitlines()]
   matmul = [r for r in matmul if r["matmul_n"]]
   assert {r["computation_ms"] for r in matmul} == {0.3, 3.0}
-  assert all(r["status"] == "ok" for r in matmul)
+  assert all(r["status"] == "ok" for r in matmul), [r["error"] for r in matmul]
   # Both sizes come from one calibrated rate (no second, noisy measurement): the
   # larger computation is a larger matmul, 10 ** (1/3) times the side up to rounding.
   n = {ms: {r["matmul_n"] for r in matmul if r["computation_ms"] == ms} for ms in (0.3, 3.0)}
