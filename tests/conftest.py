@@ -21,9 +21,10 @@ def no_leftover_processes(monkeypatch):
 # Tests whose processes bind loopback ports (TF servers, JAX coordinators, Ray): under
 # scripts/test.sh's xdist workers they run in one worker, one after another, since a
 # port found free and bound a moment later could be taken by a test in another.
+# (A TF micro-benchmark once met another test's server on its port: wrong sums.)
 LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
-                       "test_tf2_workers.py", "test_tf_cluster.py", "test_micro_ray.py",
-                       "test_micro_tf.py"}
+                       "test_suite_cli.py", "test_tf2_workers.py", "test_tf_cluster.py",
+                       "test_micro_ray.py", "test_micro_tf.py"}
 
 
 def pytest_collection_modifyitems(items):

@@ -41,10 +41,12 @@ flags.DEFINE_integer("global_batch", None, "Examples per step over all devices "
 flags.DEFINE_enum("strategy", "local", topology_lib.STRATEGIES,
                   "Where the devices are. local: this process's (--num_cpu_devices, "
                   "GPUs, or JAX processes from tf_tput.launch --num_processes). "
-                  "multi_worker (--system=mtf): this process is the chief of the "
-                  "TF_CONFIG cluster and drives every worker's devices in one graph "
-                  "(tf_tput.launch --num_workers sets it up on loopback). tpu "
-                  "(--system=mtf): a Cloud TPU named by --tpu; NOT exercised by CI or "
+                  "multi_worker: --system=mtf: this process is the chief of the "
+                  "TF_CONFIG cluster and drives every worker's devices in one graph; "
+                  "--system=tf2: this process is one worker of a "
+                  "MultiWorkerMirroredStrategy (tf_tput.launch --num_workers sets "
+                  "either up on loopback). tpu (--system=mtf: tpu.replicate; tf2: "
+                  "TPUStrategy): a Cloud TPU named by --tpu; NOT exercised by CI or "
                   "by the tests beyond the connection (no TPU there).")
 flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait for "
                    "every worker to answer before giving up.")

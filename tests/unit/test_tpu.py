@@ -3,11 +3,16 @@
 No TPU here: the slice's topology is constructed (a v3-8's shape), not read from a TPU.
 """
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from absl import flags
 
-from tf_tput import config
+from tf_tput import config, systems
 from tf_tput.runtime import topology, tpu
 from tf_tput.errors import UsageError
 from tf_tput.systems import mtf_model
@@ -185,3 +190,29 @@ def test_without_an_api_answer_the_kind_is_unknown_and_gets_no_peak():
   kind = tpu.accelerator_kind(object())  # a resolver with no Cloud TPU client
   assert kind.startswith("TPU (type unknown")
   assert peak.table_peak(kind, "bfloat16")[0] is None  # hence --tpu_type
+
+
+
+def test_tf2_goes_to_a_tpu_through_tpustrategy_checked_before_tf_starts():
+  """Up to the resolver: the strategy check takes tf2 on a TPU in bfloat16 and refuses
+  float32 in one line; tf2 is a program TPUStrategy runs (topology's every_worker)."""
+  bf16 = config.load_experiment(["gin/models/t5_tiny.gin"],
+                                ["ModelConfig.activation_dtype = 'bfloat16'"])
+  topology.check_strategy("tf2", "tpu", bf16)
+  with pytest.raises(UsageError, match="--strategy=tpu trains in bfloat16"):
+    topology.check_strategy("tf2", "tpu", config.load_experiment(["gin/models/t5_tiny.gin"]))
+  tf2 = systems.load("tf2")
+  assert tf2.every_worker and "tpu" in tf2.strategies
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/accel0") and "TPU_NAME" not in os.environ,
+                    reason="no TPU here (no /dev/accel0, no TPU_NAME)")
+def test_tf2_trains_on_the_tpu_of_this_host(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  proc = subprocess.run(
+      [sys.executable, "-m", "tf_tput.train", "--system=tf2", "--strategy=tpu",
+       f"--tpu={os.environ.get('TPU_NAME', 'local')}", "--gin_file=gin/models/t5_tiny.gin",
+       "--gin_param=ModelConfig.activation_dtype = 'bfloat16'", "--steps=2",
+       "--warmup_steps=1", f"--results={out}"], capture_output=True, text=True,
+      timeout=900, cwd=pathlib.Path(__file__).resolve().parents[2])
+  assert proc.returncode == 0, proc.stderr[-3000:]

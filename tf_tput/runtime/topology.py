@@ -106,7 +106,7 @@ def resolve(framework: str, num_cpu_devices: Optional[int], strategy: str = "loc
   if strategy == "multi_worker":
     return _resolve_tf_workers() if every_worker else _resolve_tf_cluster(cluster_timeout_s)
   if strategy == "tpu":
-    return _resolve_tpu(tpu_address)
+    return _resolve_tpu_strategy(tpu_address) if every_worker else _resolve_tpu(tpu_address)
   if framework == "tf":
     return _resolve_tf(num_cpu_devices)
   if framework == "jax":
@@ -182,6 +182,17 @@ def _resolve_tpu(tpu_address) -> Topology:
                   num_processes=tpu_slice.num_hosts, strategy="tpu",
                   session_target=tpu_slice.master, shares_host_cpu=False,
                   handles=tpu_slice.handles)
+
+
+def _resolve_tpu_strategy(tpu_address) -> Topology:
+  """Every core of a Cloud TPU under TF2's TPUStrategy (--system=tf2), which is made
+  here, before any other op, and kept in handles. NOT exercised here: no TPU."""
+  from tf_tput.runtime import tpu
+  strategy, resolver = tpu.strategy(tpu_address)
+  devices = tuple(strategy.extended.worker_devices)
+  return Topology("tf", "tpu", devices, tpu.accelerator_kind(resolver),
+                  num_processes=1, strategy="tpu", shares_host_cpu=False,
+                  handles={"strategy": strategy, "resolver": resolver})
 
 
 def _resolve_tf(num_cpu_devices: Optional[int]) -> Topology:

@@ -118,6 +118,17 @@ def connect(address: TpuAddress) -> TpuSlice:
                   {"resolver": resolver, "device_assignment": assignment})
 
 
+def strategy(address: TpuAddress):
+  """TF2's way onto a Cloud TPU (--system=tf2): connect, initialize the TPU system
+  eagerly and build a TPUStrategy over every core; (strategy, resolver)."""
+  import tensorflow as tf
+
+  resolver = cluster_resolver(address)
+  tf.config.experimental_connect_to_cluster(resolver)
+  tf.tpu.experimental.initialize_tpu_system(resolver)
+  return tf.distribute.TPUStrategy(resolver), resolver
+
+
 def session_config(tf, resolver):
   """The Session config TPUEstimator used: the TPU job's cluster, isolated state."""
   config = tf.compat.v1.ConfigProto(allow_soft_placement=True, isolate_session_state=True)

@@ -8,7 +8,9 @@ runs one step as a tf.function around one strategy.run:
 * several local devices (GPUs, or virtual CPUs from --num_cpu_devices): a
   MirroredStrategy over topology.devices; the workers of tf_tput.launch
   --num_workers (--strategy=multi_worker): the MultiWorkerMirroredStrategy
-  runtime/topology.py made, every worker running this same program. Each replica gets its slice of the same
+  runtime/topology.py made, every worker running this same program; a Cloud TPU
+  (--strategy=tpu): the TPUStrategy runtime/topology.py made (runtime/tpu.py;
+  never run here: no TPU). Each replica gets its slice of the same
   numpy global batch (experimental_distribute_values_from_function) and computes its
   loss with the global batch's denominator, so the SUM of the replicas' losses is
   mtf's loss on the global batch and the SUM of their gradients is its gradient; the
@@ -170,7 +172,7 @@ class Tf2System:
   name = "tf2"
   framework = "tf"
   multi_process = True    # as workers of tf_tput.launch --num_workers (multi_worker)
-  strategies = ("local", "multi_worker")
+  strategies = ("local", "multi_worker", "tpu")  # tpu: TPUStrategy, never run here
   every_worker = True  # MultiWorkerMirroredStrategy: each worker runs the program
   embeddings = ("one_hot", "gather")
   pipelines = False
