@@ -5,11 +5,22 @@ TF_TPUT_EXTRAS="test,jax,ray"
 source "$(dirname "$0")/_venv.sh"
 # One worker per core, at most 4 (each may hold a TF or JAX process of a few GiB);
 # much of the suite waits on child processes, so two workers on two cores still
-# finish sooner. Tests that share host state (network namespaces) name an
-# xdist_group and run in one worker. TF_TPUT_TEST_WORKERS=0 runs without xdist.
+# finish sooner. Tests that share host state (network namespaces, loopback ports)
+# name an xdist_group and run in one worker; tests marked `alone` (TF's gRPC
+# micro-benchmarks, which load breaks) run afterwards by themselves
+# (tests/conftest.py). With arguments, or TF_TPUT_TEST_WORKERS=1, one plain pytest.
 workers="${TF_TPUT_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}"
-parallel=()
-if [ "$workers" -gt 1 ]; then
-  parallel=(-n "$workers" --dist loadgroup)
+plain=0  # one pytest run: one worker, or a selection of tests (any argument but -q)
+[ "$workers" -le 1 ] && plain=1
+for arg in "$@"; do
+  [ "$arg" = "-q" ] || plain=1
+done
+if [ "$plain" = 1 ]; then
+  parallel=()
+  [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup)
+  exec .venv/bin/python -m pytest tests "${parallel[@]}" "$@"
 fi
-exec .venv/bin/python -m pytest tests "${parallel[@]}" "$@"
+status=0
+.venv/bin/python -m pytest tests -n "$workers" --dist loadgroup -m "not alone" "$@" || status=$?
+.venv/bin/python -m pytest tests -m alone "$@" || status=$((status ? status : $?))
+exit "$status"

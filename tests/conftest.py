@@ -27,7 +27,21 @@ LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
                        "test_micro_ray.py", "test_micro_tf.py"}
 
 
+# The TF micro-benchmarks time gRPC calls to local tf.distribute servers; with the
+# other xdist worker loading the cores, TF's client retried calls (the server
+# aborts "The same RunGraph request was received twice") or a check saw half a sum.
+# scripts/test.sh runs these files alone, after the parallel part.
+ALONE_FILES = {"test_micro_cli.py", "test_micro_tf.py"}
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "alone: run without other tests beside it "
+                          "(scripts/test.sh runs these after the parallel part)")
+
+
 def pytest_collection_modifyitems(items):
   for item in items:
     if item.path.name in LOOPBACK_PORT_FILES:
       item.add_marker(pytest.mark.xdist_group("loopback_ports"))
+    if item.path.name in ALONE_FILES:
+      item.add_marker(pytest.mark.alone)

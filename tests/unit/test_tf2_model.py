@@ -122,7 +122,7 @@ def test_system_is_registered_and_data_parallel_only():
   system = systems.load("tf2")
   assert (system.name, system.framework, system.multi_process, system.pipelines,
           system.strategies, system.every_worker) == (
-      "tf2", "tf", True, False, ("local", "multi_worker"), True)
+      "tf2", "tf", True, False, ("local", "multi_worker", "tpu"), True)
   assert system.embeddings == ("one_hot", "gather")
   tf2.check_mesh(config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2.gin"],
                                         []))
