@@ -190,7 +190,7 @@ def test_relative_position_buckets_match_mtf_lowering(bidirectional, num_buckets
     with tf.compat.v1.Session(graph=graph) as session:
       expected = session.run(lowering.export_to_tf_tensor(buckets))
   np.testing.assert_array_equal(
-      jax_model._relative_position_bucket(relative_position, bidirectional, num_buckets),
+      jax_model.relative_position_bucket(relative_position, bidirectional, num_buckets),
       expected)
 
 

@@ -45,6 +45,12 @@ def device_mesh(mesh_shape: tuple, devices: list) -> np.ndarray:
   return np.asarray(devices).reshape(mesh_shape)
 
 
+def local_peak_bytes(jax) -> Optional[int]:
+  """Peak bytes in use on this process's devices, where the backend reports it."""
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
+  return sum(peaks) if peaks and None not in peaks else None
+
+
 class JaxTrainer:
   """Parameters and Adafactor state sharded over a Mesh; step() runs one jitted update."""
 
@@ -131,10 +137,7 @@ class JaxTrainer:
     return {k: np.asarray(self._jax.device_get(v)) for k, v in self._params.items()}
 
   def device_memory_bytes(self) -> Optional[int]:
-    """Peak bytes in use on this process's devices, where the backend reports it."""
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
-             for d in self._jax.local_devices()]
-    return sum(peaks) if peaks and None not in peaks else None
+    return local_peak_bytes(self._jax)
 
   def close(self) -> None:
     self._params = self._opt_state = None

@@ -25,13 +25,10 @@ import optax
 
 from tf_tput import models
 from tf_tput.config import ModelConfig
+from tf_tput.systems.mtf_numerics import (
+    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, relative_position_bucket)
 
 Constrain = Callable[[jax.Array, tuple], jax.Array]
-
-RMS_NORM_EPSILON = 1e-6       # transformer.sublayer_rms_norm
-Z_LOSS = 1e-4                 # Unitransformer(z_loss=1e-4), applied in training mode
-MASK_BIAS = -1e9              # attention.visibility_mask_to_attention_bias
-RELATIVE_MAX_DISTANCE = 128   # transformer_layers._relative_position_bucket default
 
 
 def _no_constraint(x, dim_names):
@@ -112,34 +109,6 @@ def _rms_norm(x, scale):
   return x * jax.lax.rsqrt(variance + RMS_NORM_EPSILON) * scale
 
 
-def _relative_position_bucket(relative_position, bidirectional, num_buckets,
-                              max_distance=RELATIVE_MAX_DISTANCE):
-  """transformer_layers._relative_position_bucket, in numpy float32 at trace time.
-
-  Positions are indices (mtf drops "position" without positional embeddings), so the
-  buckets depend only on the lengths. The float32 arithmetic is mtf's lowering: a
-  division by a Python number is a multiplication by its reciprocal (ops.divide),
-  then truncation to int32. The log ratio is a whole number at |n| = 16, 32, 64, where
-  rounding could move a bucket; tests pin this table against mtf's own lowering.
-  """
-  n = -relative_position
-  ret = np.zeros_like(n)
-  if bidirectional:
-    num_buckets //= 2
-    ret += (n < 0).astype(np.int32) * num_buckets
-    n = np.abs(n)
-  else:
-    n = np.maximum(n, 0)
-  max_exact = num_buckets // 2
-  with np.errstate(divide="ignore"):  # log(0) where n is small; that branch is unused
-    ratio = np.log(n.astype(np.float32) * np.float32(1.0 / max_exact))
-  scaled = (ratio * np.float32(1.0 / math.log(max_distance / max_exact))
-            * np.float32(num_buckets - max_exact))
-  val_if_large = max_exact + np.where(n < max_exact, 0, scaled).astype(np.int32)
-  val_if_large = np.minimum(val_if_large, num_buckets - 1)
-  return (ret + np.where(n < max_exact, n, val_if_large)).astype(np.int32)
-
-
 def _mask_bias(visible, dtype):
   """attention.visibility_mask_to_attention_bias: cast(not visible) * -1e9."""
   return jnp.logical_not(visible).astype(dtype) * MASK_BIAS
@@ -193,7 +162,7 @@ def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
     bias = bias + _mask_bias(jnp.asarray(relative_position <= 0), dtype)[None, None]
   same_sequence = sequence_id[:, :, None] == sequence_id[:, None, :]
   bias = bias + _mask_bias(same_sequence, dtype)[:, None]
-  buckets = _relative_position_bucket(
+  buckets = relative_position_bucket(
       relative_position, bidirectional=not causal,
       num_buckets=m.relative_attention_num_buckets)
   values = p[f"{stack}/block_000/layer_000/SelfAttention/relative_attention_bias"]

@@ -50,7 +50,7 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models, pipeline
-from tf_tput.systems.jax_adapter import device_mesh, partition_spec
+from tf_tput.systems.jax_adapter import device_mesh, local_peak_bytes, partition_spec
 
 STAGE = "stage"
 STACK = "decoder"
@@ -363,9 +363,7 @@ class JaxPipelineTrainer:
     return self._mesh
 
   def device_memory_bytes(self) -> Optional[int]:
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use")
-             for d in self._jax.local_devices()]
-    return sum(peaks) if peaks and None not in peaks else None
+    return local_peak_bytes(self._jax)
 
   def close(self) -> None:
     self._params = self._opt_state = None

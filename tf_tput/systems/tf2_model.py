@@ -24,11 +24,8 @@ import tensorflow as tf
 
 from tf_tput import models
 from tf_tput.config import ModelConfig
-
-RMS_NORM_EPSILON = 1e-6       # transformer.sublayer_rms_norm
-Z_LOSS = 1e-4                 # Unitransformer(z_loss=1e-4), applied in training mode
-MASK_BIAS = -1e9              # attention.visibility_mask_to_attention_bias
-RELATIVE_MAX_DISTANCE = 128   # transformer_layers._relative_position_bucket default
+from tf_tput.systems.mtf_numerics import (
+    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, relative_position_bucket)
 
 
 # --------------------------------------------------------------------------------------
@@ -94,32 +91,6 @@ def _rms_norm(x, scale):
   reduce_sum times the Python float 1/n, as mtf.reduce_mean computes it."""
   variance = tf.reduce_sum(tf.square(x), axis=-1, keepdims=True) * (1.0 / x.shape[-1])
   return x * tf.math.rsqrt(variance + RMS_NORM_EPSILON) * scale
-
-
-def relative_position_bucket(relative_position, bidirectional, num_buckets,
-                             max_distance=RELATIVE_MAX_DISTANCE):
-  """transformer_layers._relative_position_bucket, in numpy float32 at trace time.
-
-  jax_model._relative_position_bucket line for line: buckets depend only on the
-  lengths; the float32 arithmetic is mtf's lowering (division by a Python number is a
-  multiplication by its reciprocal, then truncation to int32).
-  """
-  n = -relative_position
-  ret = np.zeros_like(n)
-  if bidirectional:
-    num_buckets //= 2
-    ret += (n < 0).astype(np.int32) * num_buckets
-    n = np.abs(n)
-  else:
-    n = np.maximum(n, 0)
-  max_exact = num_buckets // 2
-  with np.errstate(divide="ignore"):  # log(0) where n is small; that branch is unused
-    ratio = np.log(n.astype(np.float32) * np.float32(1.0 / max_exact))
-  scaled = (ratio * np.float32(1.0 / math.log(max_distance / max_exact))
-            * np.float32(num_buckets - max_exact))
-  val_if_large = max_exact + np.where(n < max_exact, 0, scaled).astype(np.int32)
-  val_if_large = np.minimum(val_if_large, num_buckets - 1)
-  return (ret + np.where(n < max_exact, n, val_if_large)).astype(np.int32)
 
 
 def _mask_bias(visible, dtype):
