@@ -15,7 +15,6 @@ order of multiplications where it matters, what is computed in which dtype with
 bfloat16 activations, and mtf's own softmax / logsumexp formulas.
 """
 
-import math
 from typing import Callable, Optional
 
 import jax
@@ -26,7 +25,7 @@ import optax
 from tf_tput import models
 from tf_tput.config import ModelConfig
 from tf_tput.systems.mtf_numerics import (
-    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, relative_position_bucket)
+    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
 
 Constrain = Callable[[jax.Array, tuple], jax.Array]
 
@@ -39,33 +38,6 @@ def _no_constraint(x, dim_names):
 # --------------------------------------------------------------------------------------
 # Parameters.
 
-def _initializer(name: str, shape: tuple, m: ModelConfig):
-  """The initializer mtf gives this variable: (kind, scale)."""
-  leaf = name.rsplit("/", 1)[-1]
-  if leaf == "scale":      # sublayer_rms_norm: tf.ones_initializer
-    return "ones", 1.0
-  if leaf == "embedding":  # layers.embedding_weights: tf.random_normal_initializer()
-    return "normal", 1.0
-  # AttentionParams.init_weights. fold_scaling_into_initializer: the attention's
-  # 1/sqrt(d_kv) lives in q's initializer, not in the computation.
-  if leaf == "q":
-    return "normal", (m.d_model * m.d_kv) ** -0.5
-  if leaf in ("k", "v"):
-    return "normal", m.d_model ** -0.5
-  if leaf == "o":
-    return "normal", (m.num_heads * m.d_kv) ** -0.5
-  if leaf == "kernel":
-    # layers.dense: VarianceScalingInitializer(1.0, "fan_in", "normal"), which is
-    # tf.truncated_normal_initializer(fan_in**-0.5): cut at 2 stddev, no variance
-    # correction (the actual stddev is 0.88 of it).
-    return "truncated_normal", shape[0] ** -0.5
-  if leaf == "relative_attention_bias":
-    # mtf.get_variable with no initializer gets TF's default, glorot_uniform:
-    # limit sqrt(6 / (fan_in + fan_out)) with fan_in, fan_out = heads, buckets.
-    return "glorot_uniform", math.sqrt(6.0 / sum(shape))
-  raise ValueError(f"no initializer known for {name}")
-
-
 def init_params(m: ModelConfig, seed: int) -> dict:
   """Fresh float32 parameters, {mtf variable name: array}, initialized as mtf does."""
   variables = models.variables(m)
@@ -73,7 +45,7 @@ def init_params(m: ModelConfig, seed: int) -> dict:
   params = {}
   for key, v in zip(keys, variables):
     shape = tuple(size for _, size in v.dims)
-    kind, scale = _initializer(v.name, shape, m)
+    kind, scale = initializer(v.name, shape, m)
     if kind == "ones":
       value = jnp.ones(shape, jnp.float32)
     elif kind == "normal":

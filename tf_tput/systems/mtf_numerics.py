@@ -1,10 +1,13 @@
 """mtf's numerics that do not depend on a framework, shared by the JAX and TF2 twins
-of the model (jax_model.py, tf2_model.py): its constants and the relative position
-buckets, which depend only on the lengths and are computed in numpy at trace time."""
+of the model (jax_model.py, tf2_model.py): its constants, the initializer it gives
+each variable, and the relative position buckets, which depend only on the lengths
+and are computed in numpy at trace time."""
 
 import math
 
 import numpy as np
+
+from tf_tput.config import ModelConfig
 
 RMS_NORM_EPSILON = 1e-6       # transformer.sublayer_rms_norm
 Z_LOSS = 1e-4                 # Unitransformer(z_loss=1e-4), applied in training mode
@@ -38,3 +41,30 @@ def relative_position_bucket(relative_position, bidirectional, num_buckets,
   val_if_large = max_exact + np.where(n < max_exact, 0, scaled).astype(np.int32)
   val_if_large = np.minimum(val_if_large, num_buckets - 1)
   return (ret + np.where(n < max_exact, n, val_if_large)).astype(np.int32)
+
+
+def initializer(name: str, shape: tuple, m: ModelConfig):
+  """The initializer mtf gives this variable: (kind, scale)."""
+  leaf = name.rsplit("/", 1)[-1]
+  if leaf == "scale":      # sublayer_rms_norm: tf.ones_initializer
+    return "ones", 1.0
+  if leaf == "embedding":  # layers.embedding_weights: tf.random_normal_initializer()
+    return "normal", 1.0
+  # AttentionParams.init_weights. fold_scaling_into_initializer: the attention's
+  # 1/sqrt(d_kv) lives in q's initializer, not in the computation.
+  if leaf == "q":
+    return "normal", (m.d_model * m.d_kv) ** -0.5
+  if leaf in ("k", "v"):
+    return "normal", m.d_model ** -0.5
+  if leaf == "o":
+    return "normal", (m.num_heads * m.d_kv) ** -0.5
+  if leaf == "kernel":
+    # layers.dense: VarianceScalingInitializer(1.0, "fan_in", "normal"), which is
+    # tf.truncated_normal_initializer(fan_in**-0.5): cut at 2 stddev, no variance
+    # correction (the actual stddev is 0.88 of it).
+    return "truncated_normal", shape[0] ** -0.5
+  if leaf == "relative_attention_bias":
+    # mtf.get_variable with no initializer gets TF's default, glorot_uniform:
+    # limit sqrt(6 / (fan_in + fan_out)) with fan_in, fan_out = heads, buckets.
+    return "glorot_uniform", math.sqrt(6.0 / sum(shape))
+  raise ValueError(f"no initializer known for {name}")

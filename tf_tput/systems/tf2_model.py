@@ -16,7 +16,6 @@ order of operations or the dtype matters, the same order and dtype are kept. No 
 tf2.py holds the tf.Variables and runs these functions under a tf.distribute strategy.
 """
 
-import math
 from typing import Optional
 
 import numpy as np
@@ -25,32 +24,11 @@ import tensorflow as tf
 from tf_tput import models
 from tf_tput.config import ModelConfig
 from tf_tput.systems.mtf_numerics import (
-    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, relative_position_bucket)
+    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
 
 
 # --------------------------------------------------------------------------------------
 # Parameters.
-
-def initializer(name: str, shape: tuple, m: ModelConfig):
-  """The initializer mtf gives this variable: (kind, scale); jax_model._initializer."""
-  leaf = name.rsplit("/", 1)[-1]
-  if leaf == "scale":      # sublayer_rms_norm: tf.ones_initializer
-    return "ones", 1.0
-  if leaf == "embedding":  # layers.embedding_weights: tf.random_normal_initializer()
-    return "normal", 1.0
-  # AttentionParams.init_weights, fold_scaling_into_initializer: 1/sqrt(d_kv) is in q's.
-  if leaf == "q":
-    return "normal", (m.d_model * m.d_kv) ** -0.5
-  if leaf in ("k", "v"):
-    return "normal", m.d_model ** -0.5
-  if leaf == "o":
-    return "normal", (m.num_heads * m.d_kv) ** -0.5
-  if leaf == "kernel":     # layers.dense: truncated normal (2 stddev) of fan_in**-0.5
-    return "truncated_normal", shape[0] ** -0.5
-  if leaf == "relative_attention_bias":   # TF's default, glorot_uniform
-    return "glorot_uniform", math.sqrt(6.0 / sum(shape))
-  raise ValueError(f"no initializer known for {name}")
-
 
 def init_params(m: ModelConfig, seed: int) -> dict:
   """Fresh float32 values, {mtf variable name: tf.Tensor}, initialized as mtf does
