@@ -88,3 +88,36 @@ def test_each_calibration_run_stops_at_the_first_matmul_past_min_s():
   ticks = itertools.count(0, 0.5)
   sizing.matmul_rate(n=8, min_s=0.1, runs=3, clock=lambda: next(ticks))
   assert next(ticks) == 0.5 * 6
+
+
+# Sizes whose float32 reciprocal times n is below 1: a graph that divides (A @ A)[0, 0]
+# by n as a multiply by 1/n and casts to an integer would add 0 for them.
+RECIPROCAL_BELOW_ONE = (41, 249)
+
+
+def test_the_sizes_below_are_ones_a_reciprocal_multiply_rounds_down():
+  import numpy as np
+  for n in RECIPROCAL_BELOW_ONE:
+    assert np.float32(n) * (np.float32(1) / np.float32(n)) < 1
+
+
+@pytest.mark.parametrize("n", RECIPROCAL_BELOW_ONE)
+def test_the_jax_matmul_term_is_one_for_every_size(n):
+  spec, value = _jax_step_value(n)
+  assert value == micro.expected(spec, 1) == 2
+
+
+@pytest.mark.parametrize("n", RECIPROCAL_BELOW_ONE)
+def test_the_tf_graph_matmul_term_is_one_for_every_size(n):
+  # A crossover run at n=249 once checked "got 333, expected 666": the graph's
+  # corner / n was 0.99999994 and cast to 0.
+  import tensorflow as tf
+  from tf_tput.micro import tf_single
+  graph = tf.Graph()
+  with graph.as_default():
+    a = tf.compat.v1.Variable(tf.fill([n, n], micro.MATMUL_FILL))
+    x = tf.constant(0)
+    term = tf_single._plus_matmul(tf, x, a, "/device:CPU:0")
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(a.initializer)
+      assert session.run(term) == 1

@@ -41,8 +41,8 @@ def _programs(spec: micro.Spec):
 
   def computation(x, a):
     if spec.matmul_n:
-      # 1 exactly for a full matmul of ones; 0 for a skipped or partial one.
-      x = x + (jnp.matmul(a[0], a[0])[0, 0] / spec.matmul_n).astype(jnp.int32)
+      # 1 for a full matmul of ones, 0 for a skipped or partial one (micro.__init__).
+      x = x + (jnp.matmul(a[0], a[0])[0, 0] == spec.matmul_n).astype(jnp.int32)
     return jax.lax.psum(x, "devices") // n_devices + 1
 
   one = jax.shard_map(computation, mesh=mesh, in_specs=(P("devices"), P("devices")),

@@ -6,7 +6,8 @@ torch.distributed gloo process group (rank = actor index, world = hosts). An act
 holds its devices_per_host int32 scalars as one torch tensor; one computation is the
 local sum, dist.all_reduce(SUM) across actors, then every device value becomes
 sum // num_devices + 1 (micro/__init__.py). With a matmul size, each device slot
-first adds (A @ A)[0, 0] / n (exactly 1) for an n x n float32 matrix A of ones.
+first adds 1 when (A @ A)[0, 0] == n, as it does exactly for an n x n float32
+matrix A of ones.
 
 Modes (the driver is the client):
   opbyop   one round per computation: every actor's computation.remote(), then
@@ -117,8 +118,8 @@ class Host:
     x = self._x
     if self._a is not None:
       for d in range(x.numel()):
-        # 1 exactly for a full matmul of ones; 0 for a skipped or partial one.
-        x[d] += int((self._a @ self._a)[0, 0] / self._a.shape[0])
+        # 1 for a full matmul of ones, 0 for a skipped or partial one (micro.__init__).
+        x[d] += int((self._a @ self._a)[0, 0] == self._a.shape[0])
     total = x.sum(dtype=self._torch.int32)
     self._dist.all_reduce(total, op=self._dist.ReduceOp.SUM)
     self._x = self._torch.full_like(x, int(total) // self._num_devices + 1)

@@ -40,7 +40,7 @@ CPU their ring travels the same gRPC RecvTensor path, with more hops per reducti
 Modes. State is one int32 variable per device, x_<task>_<index> (plus, with
 spec.matmul_n, one n x n float32 variable of ones a_<task>_<index> per device, read
 afresh by each computation after the previous one so that no graph optimizer shares
-one matmul between computations; (A @ A)[0, 0] / n, exactly 1, is added to x).
+one matmul between computations; 1 when (A @ A)[0, 0] equals n, as it does exactly, is added to x).
 Variables live in the workers' shared resource state, as TF1 variables always did;
 another session on the cluster sees them.
   opbyop   one call runs a graph of one computation that assigns the new values;
@@ -190,7 +190,7 @@ class _Program:
 
 
 def _computation(tf, devices, matrices, values):
-  """x <- sum(x) // num_devices + 1 on every device (+ (A @ A)[0, 0] / n first)."""
+  """x <- sum(x) // num_devices + 1 on every device (+ [(A @ A)[0, 0] == n] first)."""
   if matrices:
     values = [_plus_matmul(tf, x, a, device)
               for x, a, device in zip(values, matrices, devices)]
@@ -208,8 +208,11 @@ def _plus_matmul(tf, x, a, device):
     with tf.control_dependencies([x]):  # a read per computation, after the previous one
       value = a.read_value()
     product = tf.linalg.matmul(value, value)
-    # 1 exactly for a full matmul of ones; 0 for a skipped or partial one.
-    return x + tf.cast(product[0, 0] / tf.cast(tf.shape(value)[0], tf.float32), tf.int32)
+    # 1 for a full matmul of ones, 0 for a skipped or partial one. An equality, not
+    # cast(corner / n): a graph divides by n as a multiply by 1/n, which for n like 41
+    # or 249 gives 0.99999994 and casts to 0.
+    n = tf.cast(tf.shape(value)[0], tf.float32)
+    return x + tf.cast(tf.equal(product[0, 0], n), tf.int32)
 
 
 def _loop(tf, computation, values, length):
