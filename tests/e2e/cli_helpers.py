@@ -4,6 +4,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -17,3 +19,35 @@ def run_cli(module: str, *args: str, cwd=REPO, timeout: float = 600):
 def error_lines(stderr: str) -> list:
   return [line for line in stderr.splitlines() if line.startswith("error:")]
 
+
+class Launched:
+  """tf_tput.launch in the background, its stderr collected line by line."""
+
+  def __init__(self, args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    self.proc = subprocess.Popen([sys.executable, "-m", "tf_tput.launch", *args], cwd=REPO,
+                                 env=env, stderr=subprocess.PIPE, text=True)
+    self.lines = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.proc.stderr:
+      self.lines.append(line)
+
+  def wait_for(self, text: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in self.lines):
+      assert self.proc.poll() is None, "".join(self.lines)[-3000:]
+      assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
+      time.sleep(0.1)
+
+  def finish(self, timeout: float) -> str:
+    try:
+      self.proc.wait(timeout=timeout)
+    finally:
+      if self.proc.poll() is None:
+        self.proc.kill()
+        self.proc.wait()
+    self._reader.join(5)
+    return "".join(self.lines)

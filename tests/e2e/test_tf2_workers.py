@@ -3,14 +3,16 @@ of the train program on loopback, each a worker of one MultiWorkerMirroredStrate
 worker 0 alone appends the record, whose losses are the single-process run's."""
 
 import json
+import signal
 import sys
 import time
 
+import psutil
 import pytest
 
 from tf_tput.records import results
 
-from cli_helpers import error_lines, run_cli
+from cli_helpers import Launched, error_lines, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -50,3 +52,22 @@ def test_a_worker_that_dies_is_named_and_the_other_stopped(tmp_path):
   assert time.monotonic() - start < 30 and proc.returncode == 1
   lines = error_lines(proc.stderr)
   assert len(lines) == 1 and "process 1" in lines[0] and "exited with code 3" in lines[0]
+
+
+def test_ctrl_c_stops_every_worker_and_appends_nothing(tmp_path):
+  out = tmp_path / "runs.jsonl"
+  launched = Launched(["--num_workers=2", "--devices_per_worker=1", "--grace_s=2", "--",
+                       sys.executable, "-m", "tf_tput.train", *TRAIN[:-2], "--steps=100000",
+                       "--warmup_steps=1", "--log_every=1", "--strategy=multi_worker",
+                       f"--results={out}"])
+  launched.wait_for("warmup done")  # both workers are inside the strategy's steps
+  children = psutil.Process(launched.proc.pid).children(recursive=True)
+  assert len(children) >= 2
+  launched.proc.send_signal(signal.SIGINT)
+  start = time.monotonic()
+  stderr = launched.finish(timeout=60)
+  assert time.monotonic() - start < 30
+  assert launched.proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+  assert "interrupted" in error_lines(stderr)[-1]
+  assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+  assert not out.exists() or out.read_text() == ""

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
@@ -20,7 +19,7 @@ import pytest
 from tf_tput.records import results
 from tf_tput.runtime import processes
 
-from cli_helpers import REPO, error_lines, run_cli
+from cli_helpers import REPO, Launched, error_lines, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -40,38 +39,6 @@ def _one_error_line(proc, expect: str) -> str:
   return errors[0]
 
 
-class _Launched:
-  """The launcher in the background, its stderr collected line by line."""
-
-  def __init__(self, args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
-    self.proc = subprocess.Popen([sys.executable, "-m", "tf_tput.launch", *args], cwd=REPO,
-                                 env=env, stderr=subprocess.PIPE, text=True)
-    self.lines = []
-    self._reader = threading.Thread(target=self._read, daemon=True)
-    self._reader.start()
-
-  def _read(self):
-    for line in self.proc.stderr:
-      self.lines.append(line)
-
-  def wait_for(self, text: str, timeout: float = 240):
-    deadline = time.monotonic() + timeout
-    while not any(text in line for line in self.lines):
-      assert self.proc.poll() is None, "".join(self.lines)[-3000:]
-      assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
-      time.sleep(0.1)
-
-  def finish(self, timeout: float) -> str:
-    try:
-      self.proc.wait(timeout=timeout)
-    finally:
-      if self.proc.poll() is None:
-        self.proc.kill()
-        self.proc.wait()
-    self._reader.join(5)
-    return "".join(self.lines)
-
   def worker(self, index: int) -> psutil.Process:
     for p in psutil.Process(self.proc.pid).children(recursive=True):
       task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task", {})
@@ -82,7 +49,7 @@ class _Launched:
 
 def test_a_killed_worker_fails_the_run_within_30_s_naming_it(tmp_path):
   out = tmp_path / "runs.jsonl"
-  launched = _Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000", "--log_every=1",
+  launched = Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000", "--log_every=1",
                         f"--results={out}"])
   launched.wait_for("step 2/")
   launched.worker(1).kill()
@@ -113,7 +80,7 @@ def test_a_run_drives_every_workers_devices_and_ctrl_c_ends_every_child(tmp_path
 
   # Ctrl-C to the launcher mid-run: every child ends, the record above stays intact.
   before = out.read_text()
-  launched = _Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000",
+  launched = Launched([*LAUNCH_2X2, *TRAIN, MESH_2X2, "--steps=100000",
                         f"--results={out}"])
   launched.wait_for("warmup done")
   children = psutil.Process(launched.proc.pid).children(recursive=True)

@@ -1,5 +1,6 @@
 """--system=tf2 under MirroredStrategy: two replicas on two virtual CPUs train what mtf
-trains on the same mesh, and a model axis is refused in one line before TF starts.
+and jax train on the same mesh, one device trains what jax trains, and a model axis
+is refused in one line before TF starts.
 
 Virtual CPU devices can be configured once per process, so each case is a subprocess.
 """
@@ -18,12 +19,20 @@ def _run(module: str, *args: str, timeout: float = 300):
                         capture_output=True, text=True, timeout=timeout)
 
 
-def test_two_replicas_match_mtf_on_the_same_mesh():
-  done = _run("tf_tput.parity", "--gin_file=gin/models/t5_tiny.gin", "--mesh=batch:2",
-              "--systems=mtf,tf2")
+def _parity(*args: str) -> str:
+  done = _run("tf_tput.parity", "--gin_file=gin/models/t5_tiny.gin", *args)
   print(done.stdout)
   assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-  assert "mesh batch:2" in done.stdout and "parity: all 10 steps" in done.stdout
+  assert "parity: all 10 steps" in done.stdout
+  return done.stdout
+
+
+def test_two_replicas_match_mtf_and_jax_on_the_same_mesh():
+  assert "mesh batch:2" in _parity("--mesh=batch:2", "--systems=mtf,tf2,jax")
+
+
+def test_one_device_matches_jax():
+  _parity("--systems=jax,tf2")
 
 
 def test_model_axis_is_one_line_error_before_tf_starts(tmp_path):
