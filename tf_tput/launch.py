@@ -32,7 +32,12 @@ links shaped to --dcn_rate; needs root and iproute2):
         python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
 
 The processes split into the islands in order; the launcher removes the namespaces it
-made however it ends.
+made however it ends. mtf across islands: the TF workers split the same way, each
+task on its island's address, the chief (the command) in island 0:
+
+    python -m tf_tput.launch --islands=2 --dcn_rate=1gbit --num_workers=2 \
+        --devices_per_worker=4 -- \
+        python -m tf_tput.train --system=mtf --strategy=multi_worker ...
 
 When any process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL
 after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
@@ -60,7 +65,8 @@ flags.DEFINE_integer("port", 0, "TF: first of num_workers + 1 consecutive loopba
 flags.DEFINE_float("start_timeout_s", 60.0, "TF: seconds the workers get to start serving.")
 flags.DEFINE_float("grace_s", 5.0, "Seconds between SIGTERM and SIGKILL when stopping.")
 flags.DEFINE_float("timeout_s", None, "Stop everything and fail after this many seconds.")
-flags.DEFINE_integer("islands", None, "JAX: split the processes into this many islands, "
+flags.DEFINE_integer("islands", None, "Split the JAX processes (or mtf's TF workers, "
+                     "its chief in island 0) into this many islands, "
                      "network namespaces on 198.18.0.0/15 joined by links shaped to "
                      "--dcn_rate (needs root and iproute2); 1: one island on loopback "
                      "with the same island axis (the baseline). Unset: no island axis.")
@@ -80,6 +86,8 @@ def _tf_cluster(command) -> int:
       return _usage(f"--{name}={FLAGS[name].value}; it must be >= 1")
   if not FLAGS.start_timeout_s > 0:
     return _usage(f"--start_timeout_s={FLAGS.start_timeout_s}; it must be > 0")
+  if FLAGS.islands is not None:
+    return _tf_in_islands(command)
   ports = None
   if FLAGS.port:
     ports = list(range(FLAGS.port, FLAGS.port + FLAGS.num_workers + 1))
@@ -105,9 +113,11 @@ def main(argv) -> int:
   if not command:
     return _usage("no command to launch; put it after --, e.g. python -m tf_tput.launch "
                   "--num_processes=2 -- python -m tf_tput.train --system=jax ...")
-  if FLAGS.islands is not None and FLAGS.num_workers is not None:
-    return _usage("--islands starts JAX processes (--num_processes); TF workers in "
-                  "islands are not implemented yet")
+  if (FLAGS.islands is not None and FLAGS.num_workers is not None
+      and EVERY_WORKER_RUNS in command):
+    return _usage("--islands with --num_workers starts mtf's workers and chief (one "
+                  "Session); tf2's MultiWorkerMirroredStrategy across islands is not "
+                  "implemented: use --system=mtf or --system=jax")
   if FLAGS.dcn_rate != islands.NO_LIMIT and FLAGS.islands is None:
     return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
                   "--islands=K")
@@ -127,22 +137,45 @@ def main(argv) -> int:
     return _usage(str(e))
 
 
-def _in_islands(command) -> int:
+# One island on loopback (the baseline) still has the island axis and reduction.
+ONE_ISLAND_ENV = {topology.NUM_ISLANDS_ENV: "1", topology.ISLAND_ENV: "0"}
+
+
+def _island_rate(count_flag: str, count: int):
+  """--dcn_rate in bits/s (None: unshaped), checked against --islands."""
   rate = islands.parse_rate(FLAGS.dcn_rate)
-  if FLAGS.islands < 1 or FLAGS.num_processes % FLAGS.islands:
-    raise UsageError(f"--islands={FLAGS.islands} with --num_processes="
-                     f"{FLAGS.num_processes}: give islands that divide the processes "
-                     "evenly")
-  if FLAGS.islands == 1:  # the baseline: one island on loopback, the same island axis
-    if rate is not None:
-      raise UsageError(f"--dcn_rate={FLAGS.dcn_rate} with --islands=1: one island has no "
-                       "link between islands; drop --dcn_rate")
+  if FLAGS.islands < 1 or count % FLAGS.islands:
+    raise UsageError(f"--islands={FLAGS.islands} with --{count_flag}={count}: give "
+                     f"islands that divide the {count_flag.split('_')[1]} evenly")
+  if FLAGS.islands == 1 and rate is not None:
+    raise UsageError(f"--dcn_rate={FLAGS.dcn_rate} with --islands=1: one island has no "
+                     "link between islands; drop --dcn_rate")
+  return rate
+
+
+def _in_islands(command) -> int:
+  rate = _island_rate("num_processes", FLAGS.num_processes)
+  if FLAGS.islands == 1:
     return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s, FLAGS.timeout_s,
-                            env_of=lambda i: {topology.NUM_ISLANDS_ENV: "1",
-                                              topology.ISLAND_ENV: "0"})
+                            env_of=lambda i: ONE_ISLAND_ENV)
   with islands.IslandNetwork(FLAGS.islands, rate) as network:
     return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
                             FLAGS.timeout_s, network=network)
+
+
+def _tf_in_islands(command) -> int:
+  """mtf's workers split into the islands, its chief (the command) in island 0."""
+  rate = _island_rate("num_workers", FLAGS.num_workers)
+  if FLAGS.port:
+    raise UsageError(f"--port={FLAGS.port} with --islands: inside islands every task "
+                     "has its own port from "
+                     f"{tf_workers.ISLAND_BASE_PORT}; drop --port")
+  args = (command, FLAGS.num_workers, FLAGS.devices_per_worker, FLAGS.grace_s,
+          FLAGS.timeout_s, FLAGS.start_timeout_s)
+  if FLAGS.islands == 1:
+    return tf_workers.launch(*args, chief_env=ONE_ISLAND_ENV)
+  with islands.IslandNetwork(FLAGS.islands, rate) as network:
+    return tf_workers.launch(*args, network=network)
 
 
 if __name__ == "__main__":

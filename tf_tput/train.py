@@ -90,6 +90,9 @@ class Outcome:
   num_params: int
   device_memory_bytes: Optional[int] = None
   link_timer: Optional[loop.ProbedTimer] = None  # across islands: bytes between them
+  # Bytes a step all-reduces across every island, where the trainer knows them (mtf
+  # reduces some activation-shaped gradients); None: one gradient per parameter.
+  reduced_bytes: Optional[int] = None
 
 
 def _run_key() -> str:
@@ -117,8 +120,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
       "embedding": m.embedding, **pipeline.record_fields(experiment),
-      **_island_fields(experiment, outcome.link_timer, outcome.num_params,
-                       topology.num_devices),
+      **_island_fields(experiment, outcome, topology.num_devices),
       "steps": t.steps, "warmup_steps": t.warmup_steps,
       "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,
       **summary,
@@ -195,17 +197,21 @@ def _check_islands(experiment) -> None:
   if not num_islands:
     return
   if not systems.load(FLAGS.system).islands:
+    able = [name for name in systems.REGISTRY if systems.load(name).islands]
     raise UsageError(f"--system={FLAGS.system} does not train across islands; use "
-                     "--system=jax under tf_tput.launch --islands")
+                     f"--system={' or --system='.join(able)} under tf_tput.launch "
+                     "--islands")
   islands.check_mesh(experiment, num_islands)
 
 
-def _island_fields(experiment, timer, num_params: int, num_devices: int) -> dict:
+def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:
   """The record's island fields: how many, their link's rate, and the bytes that
   crossed between them per measured step, counted and as the reduction predicts."""
   num_islands = topology_lib.launched_islands()  # 0: not under --islands
+  timer = outcome.link_timer
   measured = timer.measured_change if timer is not None else None
-  gradient_bytes = num_params * models.BYTES_PER_VARIABLE_ELEMENT
+  gradient_bytes = outcome.reduced_bytes or (
+      outcome.num_params * models.BYTES_PER_VARIABLE_ELEMENT)
   one = num_islands <= 1
   return {
       "islands": num_islands, "devices_per_island": num_devices // max(1, num_islands),
@@ -306,6 +312,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
                                             t.warmup_steps, t.steps, t.sync_every)
     try:
       outcome.num_params = trainer.num_params
+      outcome.reduced_bytes = getattr(trainer, "reduced_bytes_per_step", None)
       outcome.measurement = loop.run(
           trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
           on_step=writer.write if writer else None, sync_every=t.sync_every,

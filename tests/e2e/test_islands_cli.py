@@ -1,5 +1,6 @@
-"""tf_tput.launch --islands: JAX processes inside network namespaces joined by shaped
-links; every namespace removed however the launch ends. Needs root and iproute2."""
+"""tf_tput.launch --islands: JAX processes (or mtf's TF workers and chief) inside
+network namespaces joined by shaped links; every namespace removed however the launch
+ends. Needs root and iproute2."""
 
 import json
 import os
@@ -109,6 +110,36 @@ def test_jax_trains_across_two_islands_and_counts_the_bytes_between_them(tmp_pat
   assert abs(record["link_bytes_per_step"] - analytic) <= 0.15 * analytic
 
 
+def test_mtf_trains_across_two_islands_as_on_one_host_and_counts_the_bytes(tmp_path):
+  """2 islands x 1 TF worker x 2 devices, the chief in island 0: the hierarchical
+  reduction trains what one process's 4 devices train, and the links' counters agree
+  with 2(K-1) times what the mesh all-reduces."""
+  out, local = tmp_path / "runs.jsonl", tmp_path / "local.jsonl"
+  train = [sys.executable, "-m", "tf_tput.train", "--system=mtf",
+           "--gin_file=gin/models/decoder_tiny.gin",
+           "--gin_param=MeshConfig.mesh_shape = 'batch:4'", "--steps=4", "--warmup_steps=1"]
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_workers=2",
+                 "--devices_per_worker=2", "--", *train, "--strategy=multi_worker",
+                 f"--results={out}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())
+  results.validate(record)
+  assert record["status"] == "ok" and record["strategy"] == "multi_worker"
+  assert (record["islands"], record["devices_per_island"], record["dcn_rate"]) == (
+      2, 2, "1gbit")
+  assert [w["address"].split(":")[0] for w in record["env"]["accelerators"]] == [
+      "198.18.0.1", "198.18.0.2"]
+  analytic = record["link_bytes_per_step_analytic"]
+  # mtf reduces the relative bias's [length, memory, heads] gradient: more than params.
+  assert analytic > 2 * 4 * record["num_params"]
+  assert abs(record["link_bytes_per_step"] - analytic) <= 0.15 * analytic
+  proc = run_cli(*train[2:], "--num_cpu_devices=4", f"--results={local}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  same = json.loads(local.read_text())
+  for a, b in zip(record["losses"], same["losses"], strict=True):
+    assert abs(a - b) / b < 1e-5
+
+
 def test_a_model_parallel_mesh_across_islands_is_one_line(tmp_path):
   proc = run_cli("tf_tput.launch", "--islands=2", "--num_processes=2", "--",
                  sys.executable, "-m", "tf_tput.train", "--system=jax",
@@ -127,7 +158,9 @@ def test_a_model_parallel_mesh_across_islands_is_one_line(tmp_path):
     (["--islands=2", "--num_processes=2", "--dcn_rate=fast"],
      "--dcn_rate='fast' is not a rate"),
     (["--num_processes=2", "--dcn_rate=1gbit"], "add --islands=K"),
-    (["--islands=2", "--num_workers=2"], "TF workers in islands are not implemented"),
+    (["--islands=2", "--num_workers=3"], "--islands=2 with --num_workers=3: give "
+     "islands that divide the workers"),
+    (["--islands=2", "--num_workers=2", "--port=23000"], "drop --port"),
 ])
 def test_bad_island_flags_are_one_line(args, message):
   before = islands.list_namespaces()
@@ -136,3 +169,11 @@ def test_bad_island_flags_are_one_line(args, message):
   lines = error_lines(proc.stderr)
   assert len(lines) == 1 and message in lines[0]
   assert islands.list_namespaces() == before
+
+
+def test_tf2_workers_across_islands_are_one_line():
+  proc = run_cli("tf_tput.launch", "--islands=2", "--num_workers=2", "--",
+                 sys.executable, "-m", "tf_tput.train", "--system=tf2", timeout=60)
+  assert proc.returncode == 2
+  lines = error_lines(proc.stderr)
+  assert len(lines) == 1 and "tf2's MultiWorkerMirroredStrategy across islands" in lines[0]

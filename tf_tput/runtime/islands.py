@@ -195,6 +195,17 @@ class IslandNetwork:
     return {LINKS_ENV: ",".join(f"{i.namespace}:{i.link}" for i in self.islands),
             DCN_RATE_ENV: format_rate(self.rate_bits_per_s)}
 
+  def island_of(self, index: int, count: int) -> Island:
+    """The island of process (or TF task) `index` of `count`: consecutive ones share
+    one, so a device list in process order is island-major."""
+    return self.islands[index * len(self.islands) // count]
+
+  def process_env(self, island: Island) -> dict:
+    """env() and which island a process started in `island` is in (runtime.topology)."""
+    from tf_tput.runtime import topology
+    return {topology.ISLAND_ENV: str(island.index),
+            topology.NUM_ISLANDS_ENV: str(len(self.islands)), **self.env()}
+
   def link_bytes(self) -> list:
     """[(bytes sent, bytes received)] of each island's link end, since it was made."""
     out = []

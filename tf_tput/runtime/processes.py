@@ -166,9 +166,8 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     env.update(env_of(index) if env_of else {})
     prefix = []
     if islands:
-      island = islands[index * len(islands) // num_processes]
-      env.update({topology.ISLAND_ENV: str(island.index),
-                  topology.NUM_ISLANDS_ENV: str(len(islands)), **network.env()})
+      island = network.island_of(index, num_processes)
+      env.update(network.process_env(island))
       prefix = island.exec_prefix()
     procs.append(popen(prefix + list(command), env=env))
   started = time.monotonic()
@@ -185,7 +184,7 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     if failed:
       index, code = failed[0]
       stop(procs, grace_s)
-      where = (f" in island {index * len(islands) // num_processes}" if islands else "")
+      where = f" in island {network.island_of(index, num_processes).index}" if islands else ""
       print(f"error: process {index} (pid {procs[index].pid}){where} {how(code)}; "
             f"stopped the other {num_processes - 1}", file=sys.stderr)
       return 1

@@ -1,4 +1,5 @@
-"""TF worker processes on loopback: started, awaited, described when they die, stopped.
+"""TF worker processes on loopback (or in islands): started, awaited, described when
+they die, stopped.
 
 Shared by tf_tput.launch --num_workers (the chief is the launched command) and the TF
 micro-benchmark (its client drives worker 0 as master). Each worker is a
@@ -54,6 +55,22 @@ def loopback_cluster(num_workers: int, with_chief: bool, ports=None) -> dict:
   return spec
 
 
+# Inside islands every task gets its own port from here up, chief first: the
+# namespaces are new, so nothing else listens in them.
+ISLAND_BASE_PORT = 20000
+
+
+def island_cluster(num_workers: int, network) -> dict:
+  """A cluster spec across the islands of `network` (a runtime.islands.IslandNetwork):
+  the chief in island 0, the workers split into the islands in task order, each task
+  on its island's address."""
+  def address(island, task):
+    return f"{island.address}:{ISLAND_BASE_PORT + task}"
+  return {cluster.CHIEF: [address(network.islands[0], 0)],
+          cluster.WORKER: [address(network.island_of(i, num_workers), i + 1)
+                           for i in range(num_workers)]}
+
+
 def tf_config(spec: dict, job: str, index: int) -> str:
   return json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
 
@@ -62,8 +79,9 @@ class WorkerProcesses:
   """The "worker" job of `spec`: one tf_server per address, each with `devices` CPUs."""
 
   def __init__(self, spec: dict, devices: int, log_dir: str, lifetime_s: float,
-               die_with_parent: bool = False):
+               die_with_parent: bool = False, network=None):
     self.spec = spec
+    self._network = network  # runtime.islands.IslandNetwork: start each in its island
     self.addresses = spec[cluster.WORKER]
     self._devices = devices
     self._log_dir = log_dir
@@ -83,6 +101,9 @@ class WorkerProcesses:
       env[cluster.ENV] = tf_config(self.spec, cluster.WORKER, task)
       command = [sys.executable, "-m", SERVER_MODULE, f"--devices={self._devices}",
                  f"--lifetime_s={self._lifetime_s:.0f}"]
+      if self._network:
+        island = self._network.island_of(task, len(self.addresses))
+        command = island.exec_prefix() + command
       with open(self._log_path(task), "wb") as log:
         self.procs.append(processes.popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -143,27 +164,36 @@ def launch_every_worker(command: list, num_workers: int, devices_per_worker: int
 
 
 def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: float,
-           timeout_s: float = None, start_timeout_s: float = 60.0, ports=None) -> int:
+           timeout_s: float = None, start_timeout_s: float = 60.0, ports=None,
+           network=None, chief_env=None) -> int:
   """Starts the workers, then `command` as the chief (TF_CONFIG); its exit code.
 
   The workers must serve within start_timeout_s. A worker that dies while the command
   runs is named at once; the command then has WORKER_LOSS_GRACE_S to notice and record
   the failure before it is stopped. Ctrl-C / SIGTERM stop everything: 128 + signal.
+  With `network` (a runtime.islands.IslandNetwork) every task starts inside its island
+  (island_cluster); chief_env adds variables to the chief's environment.
   """
-  spec = loopback_cluster(num_workers, with_chief=True, ports=ports)
+  spec = (island_cluster(num_workers, network) if network else
+          loopback_cluster(num_workers, with_chief=True, ports=ports))
+  chief_prefix, chief_env = [], dict(chief_env or {})
+  if network:
+    chief_prefix = network.islands[0].exec_prefix()
+    chief_env.update(network.process_env(network.islands[0]))
   lifetime_s = timeout_s + start_timeout_s + 60 if timeout_s else UNBOUNDED_LIFETIME_S
   chief = []
   with processes.recording_signals() as interrupted, \
       tempfile.TemporaryDirectory(prefix="tf_tput_workers_") as log_dir:
     workers = WorkerProcesses(spec, devices_per_worker, log_dir, lifetime_s,
-                              die_with_parent=True)
+                              die_with_parent=True, network=network)
     try:
       workers.start()
       workers.wait_until_serving(time.monotonic() + start_timeout_s,
                                  f"--start_timeout_s={start_timeout_s:g}",
                                  interrupted=lambda: bool(interrupted))
-      env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)})
-      chief.append(processes.popen(command, env=env))
+      env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)},
+                 **chief_env)
+      chief.append(processes.popen(chief_prefix + list(command), env=env))
       return _watch(chief[0], workers, grace_s, timeout_s, interrupted)
     except (RuntimeError, TimeoutError) as e:
       print(f"error: {e}; stopped all {num_workers} workers", file=sys.stderr)

@@ -133,12 +133,27 @@ def _resolve_tf_cluster(cluster_timeout_s: float) -> Topology:
   workers = cluster.with_devices(workers, listed)
   devices = tuple(d for w in workers for d in w.devices)
   gpu = "/device:GPU:" in devices[0]
-  loopback = all(w.address.startswith(("127.", "localhost:", "[::1]")) for w in workers)
+  loopback = all(_on_this_host(w.address) for w in workers)
   kind = ("GPU" if gpu else provenance.cpu_model() if loopback else "remote host CPU")
   return Topology("tf", "gpu" if gpu else "cpu", devices, kind,
                   num_processes=len(workers), strategy="multi_worker",
                   session_target=server.target, workers=tuple(workers),
-                  shares_host_cpu=loopback and not gpu, handles={"server": server})
+                  shares_host_cpu=loopback and not gpu, handles={"server": server},
+                  islands=launched_islands())
+
+
+def _on_this_host(address: str) -> bool:
+  """Loopback, or inside the islands tf_tput.launch made here (network namespaces of
+  this host, on 198.18.0.0/15)."""
+  if address.startswith(("127.", "localhost:", "[::1]")):
+    return True
+  import ipaddress
+  from tf_tput.runtime import islands
+  host = address.rsplit(":", 1)[0]
+  try:
+    return launched_islands() > 0 and ipaddress.ip_address(host) in islands.ADDRESS_BLOCK
+  except ValueError:
+    return False
 
 
 def _resolve_tf_workers() -> Topology:
@@ -166,7 +181,7 @@ def _resolve_tf_workers() -> Topology:
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   devices = tuple(f"/job:worker/replica:0/task:{t}/device:CPU:{d}"
                   for t in range(len(workers)) for d in range(per_worker))
-  loopback = all(w.startswith(("127.", "localhost:", "[::1]")) for w in workers)
+  loopback = all(_on_this_host(w) for w in workers)
   return Topology("tf", "cpu", devices,
                   provenance.cpu_model() if loopback else "remote host CPU",
                   num_processes=len(workers), strategy="multi_worker",

@@ -9,7 +9,8 @@ parameter scaling, factored second moments), lowered by PlacementMeshImpl onto t
 topology's devices (this process's, or every worker's of a TF_CONFIG cluster) and run
 by one tf.compat.v1 Session: a single controller. On TPUs, mtf_tpu.py lowers the same
 model with the SIMD implementation. With PipelineConfig.stages > 1 the same layers
-train as a GPipe pipeline, one mesh per stage (mtf_pipeline.py).
+train as a GPipe pipeline, one mesh per stage (mtf_pipeline.py); across islands the
+gradients are reduced hierarchically (mtf_islands.py).
 """
 
 import logging
@@ -56,6 +57,9 @@ class MtfTrainer:
         loads[v.name] = (value, tf1.assign(master, value))
       self._loads = loads
       self.lowering = lowering = mtf.Lowering(graph, mesh_to_impl)
+      # Across islands: the bytes the lowering all-reduces over them each step.
+      self.reduced_bytes_per_step = sum(
+          getattr(impl, "reduced_bytes", 0) for impl in mesh_to_impl.values()) or None
       self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
       # Adafactor's step size and decay read the global step; incrementing it only
       # after every update keeps step k on k (mtf's own runner leaves them unordered).
@@ -163,7 +167,7 @@ class MtfSystem:
   every_worker = False  # the chief drives tf_server workers
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
   pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
-  islands = False  # TF workers in islands are not implemented yet
+  islands = True  # TF workers in islands' namespaces, one hierarchical reduction
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":

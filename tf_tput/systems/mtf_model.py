@@ -93,9 +93,13 @@ def optimizer_updates(mtf, graph, loss) -> list:
 
 def mesh_impl(mtf, experiment, topology):
   """How the mesh is lowered: PlacementMeshImpl over the topology's devices (one TF op
-  per device slice), or on TPUs the SIMD implementation (one replicated program)."""
+  per device slice; across islands with mtf_islands' reduction), or on TPUs the SIMD
+  implementation (one replicated program)."""
   shape = mtf.convert_to_shape(experiment.mesh.mesh_shape)
   layout = mtf.convert_to_layout_rules(experiment.mesh.layout)
+  if topology.islands:  # tf_tput.launch --islands: the hierarchical reduction
+    from tf_tput.systems import mtf_islands
+    return mtf_islands.mesh_impl(shape, layout, list(topology.devices), topology.islands)
   if topology.platform != "tpu":
     return mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, list(topology.devices))
   assignment = topology.handles["device_assignment"]
