@@ -246,11 +246,28 @@ def test_table2_suites_hold_batch_and_length_constant_across_partitionings():
 
 def test_islands_local_runs_under_the_launcher_with_one_key_per_link():
   runs = suites.expand(suites.load("islands_local"))
-  launchers = [run.launcher for run in runs]
-  assert launchers == [("--num_processes=2", "--islands=1")] + [
+  jax = [run for run in runs if run.flags["system"] == "jax"]
+  assert [run.launcher for run in jax] == [("--num_processes=2", "--islands=1")] + [
       ("--num_processes=2", "--islands=2", f"--dcn_rate={rate}")
       for rate in ("none", "100mbit", "20mbit")]
-  command = runs[1].command("out.jsonl")
+  command = jax[1].command("out.jsonl")
   assert command[1:3] == ["-m", "tf_tput.launch"] and "--" in command
   assert command[command.index("--") + 2:command.index("--") + 4] == ["-m", "tf_tput.train"]
-  assert len({run.key for run in runs}) == 4
+  assert len({run.key for run in runs}) == 8
+
+
+def test_mtf_islands_runs_are_tf_workers_with_the_key_train_computes():
+  runs = [run for run in suites.expand(suites.load("islands_local"))
+          if run.flags["system"] == "mtf"]
+  assert [run.launcher for run in runs] == [
+      ("--num_workers=2", "--islands=1", "--devices_per_worker=4")] + [
+      ("--num_workers=2", "--islands=2", f"--dcn_rate={rate}", "--devices_per_worker=4")
+      for rate in ("none", "100mbit", "20mbit")]
+  assert all(run.strategy == "multi_worker" and "num_cpu_devices" not in run.flags
+             and run.flags["strategy"] == "multi_worker" for run in runs)
+  assert "2 TF workers, 2 islands at 20mbit" in runs[-1].label
+  # train's key under the launcher: the chief is one process, the islands from the env
+  fields = keys.launch_fields(1, 2, "20mbit")
+  assert runs[-1].key == keys.run_key("mtf", runs[-1].flags["gin_file"],
+                                      runs[-1].flags["gin_param"], None, "multi_worker",
+                                      keys.code_version(), fields)

@@ -54,7 +54,8 @@ class TrainMatrix:
   # --strategy of the mtf runs ("tpu" on Cloud TPUs, "multi_worker" under
   # tf_tput.launch); JAX runs always find their devices locally.
   mtf_strategy: str = "local"
-  # JAX processes per run (> 1: under tf_tput.launch, num_cpu_devices each), split
+  # JAX processes per run (> 1: under tf_tput.launch, num_cpu_devices each; for mtf
+  # as many TF workers, its chief the train command, --strategy=multi_worker), split
   # into each of `islands` (network namespaces, needs root) joined at each of
   # `dcn_rates` (runtime/islands.py). Beside more, 1 island is the baseline: its
   # processes on loopback with the same island axis and reduction (--islands=1).
@@ -165,6 +166,18 @@ def _launches(m: TrainMatrix) -> list:
   return out
 
 
+def _as_tf_workers(launcher: tuple, launch: dict, devices: Optional[int]) -> tuple:
+  """(launcher, key fields, strategy) of a single controller's run (mtf) where the
+  matrix asks for processes: as many TF workers with the devices each, its chief the
+  launched command, which sees one process of its own (train's run key)."""
+  workers = [f"--num_workers={flag.split('=', 1)[1]}" if flag.startswith(
+      "--num_processes=") else flag for flag in launcher]
+  if devices:
+    workers.append(f"--devices_per_worker={devices}")
+  return tuple(workers), keys.launch_fields(1, launch["islands"], launch["dcn_rate"]), (
+      "multi_worker")
+
+
 def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
   runs = []
   for model, mesh, pipe, batch, dtype, system, (launcher, launch, where) in (
@@ -182,10 +195,14 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
         "num_cpu_devices": m.num_cpu_devices,
     }
     strategy = m.mtf_strategy if system == "mtf" else "local"
+    if launcher and not systems.load(system).multi_process:
+      launcher, launch, strategy = _as_tf_workers(launcher, launch, m.num_cpu_devices)
+      where = where.replace(" processes", " TF workers")
+      flags["num_cpu_devices"] = None  # the workers' (--devices_per_worker)
     if strategy != "local":
       flags[STRATEGY_FLAG] = strategy
-    key = keys.run_key(system, flags["gin_file"], flags["gin_param"], m.num_cpu_devices,
-                       strategy, commit, launch)
+    key = keys.run_key(system, flags["gin_file"], flags["gin_param"],
+                       flags["num_cpu_devices"], strategy, commit, launch)
     runs.append(Run(TRAIN_MODULE, {k: v for k, v in flags.items() if v is not None}, key,
                     f"{model} {system}{'' if strategy == 'local' else ' ' + strategy} "
                     f"{dtype} {mesh}" + (f" pipeline {pipe}" if pipe != NO_PIPELINE
@@ -332,7 +349,7 @@ def _check(suite: Suite, name: str) -> None:
 def _launched(run: Run) -> tuple:
   """(processes, islands) the run's tf_tput.launch flags ask for; (1, 0) without."""
   values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
-  return int(values.get("num_processes", 1)), int(values.get("islands", 0))
+  return int(values.get("num_processes", 1)), int(values.get("islands", 0))  # workers: 1
 
 
 def validate(run: Run) -> str:
