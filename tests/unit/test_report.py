@@ -284,9 +284,9 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   assert by_rate["none"]["jax of 1 island"] == "0.900"
   shaped = by_rate["8mbit"]
   assert shaped["jax of 1 island"] == "0.500" and shaped["islands x devices"] == "2 x 4"
-  assert shaped["link bytes/step (counted)"] == "2,000,000"
-  assert shaped["link bytes/step (analytic)"] == "2,100,000"
+  assert shaped["jax link bytes/step (counted)"] == "2,000,000"
+  assert shaped["jax link bytes/step (analytic)"] == "2,100,000"
   # 1 MB per island at 8 Mbit/s: 1 s on top of the unshaped 1.1 s; one island took 1 s.
-  assert shaped["ideal-link projection"] == f"{1.0 / 2.1:.3f}"
+  assert shaped["jax ideal-link projection"] == f"{1.0 / 2.1:.3f}"
   assert shaped["published fraction"] == "–"
   assert "## Across islands" in document.render(records, [], [("x.jsonl", 3, 0)], [], {})

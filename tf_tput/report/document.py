@@ -100,7 +100,9 @@ def _train_section(train: list, plots: dict) -> list:
             "Runs of one model, device count, process count, batch and length; 'of 1 "
             "island' divides by the same system's run with its processes on loopback. "
             "Link bytes: what the islands' link ends sent per measured step, and what "
-            "the hierarchical reduction predicts (2(K-1) float32 gradients). The "
+            "the system's hierarchical reduction predicts (2(K-1) times the bytes it "
+            "reduces: a float32 gradient per parameter for jax, more for mtf, which "
+            "reduces the relative bias's activation-shaped gradient). The "
             "ideal-link projection is the unshaped islands run's step plus the bytes "
             "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
             ""]

@@ -404,17 +404,19 @@ def table2(records: list) -> tuple:
 def islands_table(records: list) -> tuple:
   """(header, rows): §5.3 as numbers. Runs under tf_tput.launch --islands grouped by model,
   devices, processes, global batch and length; one row per islands x link rate, per
-  system its tokens/s and fraction of its one-island row; the link bytes per step,
-  counted and analytic; the fraction an ideal link with no overlap would give (the
-  unshaped islands run's step time plus the link's bytes at its rate: dcn.py's model
-  at efficiency 1, overlap 0); and the paper's fraction for its models."""
+  system its tokens/s and fraction of its one-island row, the link bytes per step,
+  counted and analytic (each system's reduction sends its own), and the fraction an
+  ideal link with no overlap would give (the unshaped islands run's step time plus the
+  link's bytes at its rate: dcn.py's model at efficiency 1, overlap 0); and the paper's
+  fraction for its models."""
   launched = [r for r in records if r.get("islands", 0) >= 1]  # under --islands=K
   names = systems_in(launched)
   header = ["model", "devices", "processes", "islands x devices", "link rate"]
   for s in names:
-    header += [f"{s} tokens/s [spread]", f"{s} of 1 island"]
-  header += ["link bytes/step (counted)", "link bytes/step (analytic)",
-             "ideal-link projection", "published fraction"]
+    header += [f"{s} tokens/s [spread]", f"{s} of 1 island",
+               f"{s} link bytes/step (counted)", f"{s} link bytes/step (analytic)",
+               f"{s} ideal-link projection"]
+  header += ["published fraction"]
   rows = []
   for runs in group(launched, lambda r: (r["model"], r["num_devices"], r["num_processes"],
                                          r["global_batch"], r["targets_length"])).values():
@@ -430,15 +432,18 @@ def islands_table(records: list) -> tuple:
              f"{first['islands']} x {first['devices_per_island']}", where[1]]
       for s in names:
         got, one = medians.get((where, s)), medians.get(((1, "loopback"), s))
-        row += ([f"{got[0][0]:,.0f} [{_si(got[0][1])}–{_si(got[0][2])}]",
-                 f"{got[0][0] / one[0][0]:.3f}" if one else "–"] if got else ["–", "–"])
-      ok = [r for r in mine if r["status"] == "ok"]
-      last = ok[-1] if ok else first
-      counted, analytic = last.get("link_bytes_per_step"), last.get(
-          "link_bytes_per_step_analytic")
-      row += [f"{counted:,.0f}" if counted else "–", f"{analytic:,.0f}" if analytic else "–",
-              _ideal_link_fraction(last, medians), _published_fraction(first["model"])]
-      rows.append(row)
+        if not got:
+          row += ["–"] * 5
+          continue
+        last = got[1]
+        counted, analytic = (last.get("link_bytes_per_step"),
+                             last.get("link_bytes_per_step_analytic"))
+        row += [f"{got[0][0]:,.0f} [{_si(got[0][1])}–{_si(got[0][2])}]",
+                f"{got[0][0] / one[0][0]:.3f}" if one else "–",
+                f"{counted:,.0f}" if counted else "–",
+                f"{analytic:,.0f}" if analytic else "–",
+                _ideal_link_fraction(last, medians)]
+      rows.append(row + [_published_fraction(first["model"])])
   return header, rows
 
 
