@@ -21,16 +21,16 @@ def no_leftover_processes(monkeypatch):
 # Tests whose processes bind loopback ports (TF servers, JAX coordinators, Ray): under
 # scripts/test.sh's xdist workers they run in one worker, one after another, since a
 # port found free and bound a moment later could be taken by a test in another.
-# (A TF micro-benchmark once met another test's server on its port: wrong sums.)
 LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
                        "test_suite_cli.py", "test_tf2_workers.py", "test_tf_cluster.py",
                        "test_micro_ray.py", "test_micro_tf.py"}
 
 
-# The TF micro-benchmarks time gRPC calls to local tf.distribute servers; with the
-# other xdist worker loading the cores, TF's client retried calls (the server
-# aborts "The same RunGraph request was received twice") or a check saw half a sum.
-# scripts/test.sh runs these files alone, after the parallel part.
+# The TF micro-benchmarks time gRPC calls to local tf.distribute servers; once, with
+# the other xdist worker loading the cores, a server aborted "The same RunGraph
+# request was received twice" (a gRPC-level repeat of the call). scripts/test.sh runs
+# these files alone, after the parallel part. (The "half a sum" checks seen then were
+# a real bug, now fixed: the matmul term cast corner / n = 0.99999994 to 0.)
 ALONE_FILES = {"test_micro_cli.py", "test_micro_tf.py"}
 
 

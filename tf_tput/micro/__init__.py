@@ -10,8 +10,9 @@ matrix of ones by itself (held as an input, so no compiler can fold it away) and
 1 to x when (A @ A)[0, 0] equals n, as it does exactly, before the AllReduce: every
 computation then adds 2, and a skipped (zero) or partial matmul breaks the checked
 value. An equality, not (A @ A)[0, 0] / n cast to an integer: compiled graphs divide
-by multiplying with 1/n, which for some n (41, 249, ...) is 0.99999994, cast to 0. The sizes come
-from one calibrated matmul rate per invocation (tf_tput/micro/sizing.py).
+by multiplying with 1/n, which for some n (41, 249, ...) is 0.99999994, cast to 0.
+The sizes come from one calibrated matmul rate per invocation
+(tf_tput/micro/sizing.py).
 
 Modes, as in the paper:
   opbyop   one client call per computation;

@@ -40,7 +40,8 @@ CPU their ring travels the same gRPC RecvTensor path, with more hops per reducti
 Modes. State is one int32 variable per device, x_<task>_<index> (plus, with
 spec.matmul_n, one n x n float32 variable of ones a_<task>_<index> per device, read
 afresh by each computation after the previous one so that no graph optimizer shares
-one matmul between computations; 1 when (A @ A)[0, 0] equals n, as it does exactly, is added to x).
+one matmul between computations; 1 when (A @ A)[0, 0] equals n, as it does exactly,
+is added to x).
 Variables live in the workers' shared resource state, as TF1 variables always did;
 another session on the cluster sees them.
   opbyop   one call runs a graph of one computation that assigns the new values;

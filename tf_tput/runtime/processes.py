@@ -184,7 +184,8 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     if failed:
       index, code = failed[0]
       stop(procs, grace_s)
-      where = f" in island {network.island_of(index, num_processes).index}" if islands else ""
+      where = (f" in island {network.island_of(index, num_processes).index}"
+               if islands else "")
       print(f"error: process {index} (pid {procs[index].pid}){where} {how(code)}; "
             f"stopped the other {num_processes - 1}", file=sys.stderr)
       return 1

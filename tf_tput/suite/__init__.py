@@ -347,9 +347,10 @@ def _check(suite: Suite, name: str) -> None:
 
 
 def _launched(run: Run) -> tuple:
-  """(processes, islands) the run's tf_tput.launch flags ask for; (1, 0) without."""
+  """(processes, islands) the run's tf_tput.launch flags ask for; (1, 0) without.
+  Under TF workers (--num_workers) the train command is one process, their chief."""
   values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
-  return int(values.get("num_processes", 1)), int(values.get("islands", 0))  # workers: 1
+  return int(values.get("num_processes", 1)), int(values.get("islands", 0))
 
 
 def validate(run: Run) -> str:
