@@ -201,7 +201,7 @@ def _check_islands(experiment) -> None:
     raise UsageError(f"--system={FLAGS.system} does not train across islands; use "
                      f"--system={' or --system='.join(able)} under tf_tput.launch "
                      "--islands")
-  islands.check_mesh(experiment, num_islands)
+  islands.check_mesh(experiment, num_islands, systems.load(FLAGS.system).islands)
 
 
 def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:

@@ -64,3 +64,24 @@ def test_only_the_islands_pieces_cross_between_islands():
         crossing += tensor.shape.num_elements() * 4
   tensor_bytes = 32 * 64 * 4
   assert crossing == 2 * (K - 1) * tensor_bytes
+
+
+def test_model_slices_are_reduced_across_islands_and_model_groups_stay_inside():
+  """mesh batch:4;model:2 on 2 islands: a batch-axis group (one model slice) spans the
+  islands, 2 devices in each; a model-axis group lies in one island (mtf's ring)."""
+  import tensorflow as tf
+  mtf, _ = compat.import_mtf()
+  devices = [f"/job:island{i // 4}/task:0/device:CPU:{i % 4}" for i in range(8)]
+  impl = mtf_islands.mesh_impl(mtf.convert_to_shape("batch:4;model:2"),
+                               mtf.convert_to_layout_rules("batch:batch"), devices, 2)
+  graph = tf.Graph()
+  with graph.as_default():
+    xs = []
+    for device in devices:
+      with tf.device(device):
+        xs.append(tf.zeros((32, 64)))
+    laid_out = impl.LaidOutTensor(xs)
+    impl.allreduce(laid_out, [0], "SUM")  # over batch: 2 groups across the islands
+    assert impl.reduced_bytes == 2 * 32 * 64 * 4
+    impl.allreduce(laid_out, [1], "SUM")  # over model: 4 groups, each in one island
+    assert impl.reduced_bytes == 2 * 32 * 64 * 4

@@ -1,5 +1,6 @@
 """tf_tput/suite: suite files -> runs, run keys <-> record keys, bad suite input."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from tf_tput.suite import __main__ as suite_main
 from record_fixtures import micro_record, train_record
 
 SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
-          "table2_paper", "islands_local"]
+          "table2_paper", "islands_local", "islands_paper"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -271,3 +272,23 @@ def test_mtf_islands_runs_are_tf_workers_with_the_key_train_computes():
   assert runs[-1].key == keys.run_key("mtf", runs[-1].flags["gin_file"],
                                       runs[-1].flags["gin_param"], None, "multi_worker",
                                       keys.code_version(), fields)
+
+
+def test_islands_paper_splits_the_model_inside_islands_for_mtf():
+  runs = suites.expand(suites.load("islands_paper"))
+  assert {run.flags["system"] for run in runs} == {"mtf"}
+  assert [run.launcher for run in runs] == [
+      ("--num_workers=256", "--islands=1", "--devices_per_worker=4"),
+      ("--num_workers=256", "--islands=2", "--dcn_rate=none", "--devices_per_worker=4"),
+      ("--num_workers=512", "--islands=1", "--devices_per_worker=4"),
+      ("--num_workers=512", "--islands=2", "--dcn_rate=none", "--devices_per_worker=4")]
+  for run in runs:
+    assert "params" in suites.validate(run)  # model axes inside islands pass for mtf
+
+
+def test_a_model_axis_across_islands_is_refused_for_jax():
+  run = next(r for r in suites.expand(suites.load("islands_paper")) if "islands=2" in
+             " ".join(r.launcher))
+  jax = dataclasses.replace(run, flags={**run.flags, "system": "jax"})
+  with pytest.raises(UsageError, match="split the model"):
+    suites.validate(jax)

@@ -237,20 +237,30 @@ def list_namespaces() -> list:
   return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def check_mesh(experiment, num_islands: int) -> None:
-  """Across islands the run is data parallel over the island axis, and inside each
-  island too: the batch axis splits across islands, every other axis has size 1."""
+def check_mesh(experiment, num_islands: int, parallelism=("data",)) -> None:
+  """Across islands the run is data parallel over the island axis: the batch axis
+  splits across islands. Inside each island it is data parallel too, or, where the
+  system splits the model inside islands ("model" in its parallelism, mtf), any
+  other axes follow the batch axis, so that each island holds a block of the mesh."""
   if experiment.pipelined:
     raise UsageError(f"{num_islands} islands with PipelineConfig.stages = "
                      f"{experiment.pipeline.stages}: islands are data parallel; drop the "
                      "pipeline")
   axis = experiment.layout.get("batch", "batch")
   other = {a: n for a, n in experiment.mesh_shape.items() if a != axis and n > 1}
-  if other:
+  if other and "model" not in parallelism:
     raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r} across {num_islands} "
                      f"islands: islands are data parallel inside too, but axes {other} "
                      f"split the model; use a batch-only mesh such as 'batch:"
-                     f"{experiment.num_devices}'")
+                     f"{experiment.num_devices}' (--system=mtf splits the model inside "
+                     "islands)")
+  if other and next(iter(experiment.mesh_shape)) != axis:
+    raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r} across {num_islands} "
+                     f"islands: the batch axis {axis!r} must come first, so that each "
+                     f"island holds a block of the mesh; write e.g. '{axis}:"
+                     f"{experiment.mesh_shape.get(axis, 1)};"
+                     + ";".join(f"{a}:{n}" for a, n in experiment.mesh_shape.items()
+                                if a != axis) + "'")
   if experiment.mesh_shape.get(axis, 1) % num_islands:
     raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r}: batch axis {axis!r} "
                      f"does not split into {num_islands} islands; use a multiple of "

@@ -353,6 +353,14 @@ def _launched(run: Run) -> tuple:
   return int(values.get("num_processes", 1)), int(values.get("islands", 0))
 
 
+def _tf_workers(run: Run) -> Optional[tuple]:
+  """(workers, devices per worker) of a run under tf_tput.launch --num_workers."""
+  values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
+  if "num_workers" not in values:
+    return None
+  return int(values["num_workers"]), int(values.get("devices_per_worker", 1))
+
+
 def validate(run: Run) -> str:
   """Checks a train run as tf_tput.train would before starting a framework; returns
   what it would train (tf_tput.models arithmetic). UsageError names the run."""
@@ -369,10 +377,14 @@ def validate(run: Run) -> str:
     if num_islands:
       if not systems.load(run.flags["system"]).islands:
         raise UsageError(f"--system={run.flags['system']} does not train across islands")
-      islands_lib.check_mesh(experiment, num_islands)
+      islands_lib.check_mesh(experiment, num_islands,
+                             systems.load(run.flags["system"]).islands)
     if "num_cpu_devices" in run.flags:
       config.validate(experiment, num_devices=run.flags["num_cpu_devices"] * num_processes,
                       num_processes=num_processes)
+    workers = _tf_workers(run)
+    if workers:
+      config.validate(experiment, num_devices=workers[0] * workers[1])
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
   try:

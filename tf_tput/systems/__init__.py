@@ -9,7 +9,9 @@
                                           # (tf2); else this process drives them (mtf)
       embeddings: tuple                   # the ModelConfig.embedding values it computes
       pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
-      islands: bool                       # trains across tf_tput.launch --islands
+      islands: tuple                      # across tf_tput.launch --islands: how it
+                                          # splits inside an island, () / ("data",)
+                                          # / ("data", "model")
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -58,7 +60,7 @@ class System(Protocol):
   every_worker: bool
   embeddings: tuple
   pipelines: bool
-  islands: bool
+  islands: tuple
 
   def build(self, experiment, topology) -> Trainer: ...
 

@@ -151,7 +151,7 @@ class JaxSystem:
   every_worker = False
   embeddings = ("one_hot", "gather")
   pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
-  islands = True         # data parallel across tf_tput.launch --islands (jax_islands.py)
+  islands = ("data",)    # data parallel across and inside --islands (jax_islands.py)
 
   def build(self, experiment, topology):
     if experiment.pipelined:

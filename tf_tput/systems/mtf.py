@@ -167,7 +167,7 @@ class MtfSystem:
   every_worker = False  # the chief drives tf_server workers
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
   pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
-  islands = True  # TF workers in islands' namespaces, one hierarchical reduction
+  islands = ("data", "model")  # TF workers in islands, a hierarchical reduction
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":

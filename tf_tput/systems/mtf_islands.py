@@ -15,7 +15,9 @@ shard. Here an all-reduce over a group that spans the islands is written instead
 That is the reduction jax_islands.py writes in shard_map, and the one
 tf_tput.runtime.islands.analytic_link_bytes counts. The master's graph partitioner
 turns each cross-worker edge into a gRPC Send/Recv, which is what the links carry.
-Small tensors (the loss, scalars) and groups inside one island keep mtf's ring.
+Small tensors (the loss, scalars) and groups inside one island keep mtf's ring. With
+a model axis inside the islands (mesh 'batch:B;model:M', batch first) each model
+slice's group is reduced the same way, so one copy of every slice crosses per island.
 
 What crosses is not one gradient per parameter: mtf all-reduces a tensor where its
 batch dimension disappears, which for the shared relative attention bias is the
@@ -69,15 +71,25 @@ def allreduce_islands(xs, devices, num_islands: int, reduction_fn_string: str = 
 
 
 def mesh_impl(shape, layout, devices, num_islands: int):
-  """A PlacementMeshImpl whose all-reduces over every device are allreduce_islands."""
+  """A PlacementMeshImpl whose all-reduces over groups that span every island are
+  allreduce_islands. With a model axis inside the islands (the batch axis first:
+  runtime/islands.check_mesh), each model slice's group spans the islands with an
+  equal, island-major share in each."""
   mtf, _ = compat.import_mtf()
+  per_island = len(devices) // num_islands
+  island_of = {device: i // per_island for i, device in enumerate(devices)}
+
+  def spans_islands(group_devices) -> bool:
+    islands = [island_of[d] for d in group_devices]
+    share = len(islands) // num_islands
+    return islands == [i // share for i in range(len(islands))] if share else False
 
   class IslandPlacementMeshImpl(mtf.placement_mesh_impl.PlacementMeshImpl):
     reduced_bytes = 0  # of every tensor lowered into an all-reduce across the islands
 
     def allreduce(self, x, mesh_axes, reduction_fn_string):
       def collective(xs, group_devices):
-        if len(group_devices) == len(devices):  # the group spans every island
+        if spans_islands(group_devices):
           self.reduced_bytes += xs[0].shape.num_elements() * xs[0].dtype.size
           return allreduce_islands(xs, group_devices, num_islands, reduction_fn_string)
         return mtf.placement_mesh_impl.allreduce_ring(xs, group_devices,

@@ -176,7 +176,7 @@ class Tf2System:
   every_worker = True  # MultiWorkerMirroredStrategy: each worker runs the program
   embeddings = ("one_hot", "gather")
   pipelines = False
-  islands = False
+  islands = ()
 
   def build(self, experiment, topology) -> Tf2Trainer:
     check_mesh(experiment)
