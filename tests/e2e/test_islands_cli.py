@@ -64,6 +64,26 @@ def test_a_process_killed_in_one_island_stops_all_within_30_s():
   assert islands.list_namespaces() == before
 
 
+def test_tf_workers_in_islands_stop_and_the_namespaces_go_when_the_chief_fails():
+  """The chief (here a command that checks its island, then fails) in island 0, the
+  workers serving in theirs: the launcher stops them all, exits with its code."""
+  before = islands.list_namespaces()
+  chief = ("import json, os, socket, sys\n"
+           "spec = json.loads(os.environ['TF_CONFIG'])['cluster']\n"
+           "assert spec['chief'][0].startswith('198.18.0.1:'), spec\n"
+           "assert [w.split(':')[0] for w in spec['worker']] == ['198.18.0.1', "
+           "'198.18.0.2'], spec\n"
+           "socket.create_connection(spec['worker'][1].split(':'), timeout=5).close()\n"
+           "sys.exit(3)\n")
+  start = time.monotonic()
+  proc = run_cli("tf_tput.launch", "--islands=2", "--num_workers=2", "--grace_s=2", "--",
+                 sys.executable, "-c", chief, timeout=120)
+  assert time.monotonic() - start < 60
+  assert proc.returncode == 3, proc.stderr[-2000:]
+  assert "exited with code 3" in error_lines(proc.stderr)[-1]
+  assert islands.list_namespaces() == before
+
+
 def _pid_of(stderr: str) -> str:
   return stderr.split("(pid ", 1)[1].split(")", 1)[0]
 
