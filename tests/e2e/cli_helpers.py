@@ -36,15 +36,22 @@ class Launched:
       self.lines.append(line)
 
   def wait_for(self, text: str, timeout: float = 240):
+    """Returns once a stderr line holds text; otherwise stops the launcher (its
+    children go with it) and fails, so a failing test leaves no process running."""
     deadline = time.monotonic() + timeout
     while not any(text in line for line in self.lines):
-      assert self.proc.poll() is None, "".join(self.lines)[-3000:]
-      assert time.monotonic() < deadline, f"no {text!r} in: {''.join(self.lines)[-3000:]}"
+      problem = ("the launcher ended" if self.proc.poll() is not None else
+                 f"no {text!r} within {timeout:g} s" if time.monotonic() >= deadline
+                 else None)
+      if problem:
+        self.finish(timeout=0)
+        raise AssertionError(f"{problem}: {''.join(self.lines)[-3000:]}")
       time.sleep(0.1)
 
   def finish(self, timeout: float) -> str:
     try:
-      self.proc.wait(timeout=timeout)
+      if timeout:
+        self.proc.wait(timeout=timeout)
     finally:
       if self.proc.poll() is None:
         self.proc.kill()
