@@ -1,5 +1,6 @@
 """End-to-end test helpers: run tf_tput entry points as a user would, in a subprocess."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -47,6 +48,15 @@ class Launched:
         self.finish(timeout=0)
         raise AssertionError(f"{problem}: {''.join(self.lines)[-3000:]}")
       time.sleep(0.1)
+
+  def worker(self, index: int):
+    """The launcher's child that TF_CONFIG names worker `index`."""
+    import psutil
+    for p in psutil.Process(self.proc.pid).children(recursive=True):
+      task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task", {})
+      if task == {"type": "worker", "index": index}:
+        return p
+    raise AssertionError(f"no worker {index} among the launcher's children")
 
   def finish(self, timeout: float) -> str:
     try:

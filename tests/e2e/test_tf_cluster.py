@@ -39,13 +39,6 @@ def _one_error_line(proc, expect: str) -> str:
   return errors[0]
 
 
-  def worker(self, index: int) -> psutil.Process:
-    for p in psutil.Process(self.proc.pid).children(recursive=True):
-      task = json.loads(p.environ().get("TF_CONFIG", "{}")).get("task", {})
-      if task == {"type": "worker", "index": index}:
-        return p
-    raise AssertionError(f"no worker {index} among the launcher's children")
-
 
 def test_a_killed_worker_fails_the_run_within_30_s_naming_it(tmp_path):
   out = tmp_path / "runs.jsonl"
