@@ -85,3 +85,19 @@ def test_model_slices_are_reduced_across_islands_and_model_groups_stay_inside():
     assert impl.reduced_bytes == 2 * 32 * 64 * 4
     impl.allreduce(laid_out, [1], "SUM")  # over model: 4 groups, each in one island
     assert impl.reduced_bytes == 2 * 32 * 64 * 4
+
+
+def test_a_model_axis_before_the_batch_axis_is_one_line():
+  """Each island must hold a block of the mesh: the batch axis comes first."""
+  from tf_tput import config
+  from tf_tput.errors import UsageError
+  from tf_tput.runtime import islands
+  experiment = config.load_experiment(["gin/models/decoder_tiny.gin"],
+                                      ["MeshConfig.mesh_shape = 'model:2;batch:2'"])
+  with pytest.raises(UsageError, match="must come first.*'batch:2;model:2'"):
+    islands.check_mesh(experiment, 2, ("data", "model"))
+  with pytest.raises(UsageError, match="--system=mtf splits the model"):
+    islands.check_mesh(experiment, 2, ("data",))
+  good = config.load_experiment(["gin/models/decoder_tiny.gin"],
+                                ["MeshConfig.mesh_shape = 'batch:2;model:2'"])
+  islands.check_mesh(good, 2, ("data", "model"))
