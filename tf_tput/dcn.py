@@ -9,7 +9,8 @@ backward pass (about 2/3 of a step's compute) by the fraction `overlap`; what is
 is exposed, and the projected fraction of single-island throughput is
 compute / (compute + exposed). The link efficiency (goodput over the nominal rate)
 can be calibrated from a local sweep (suite islands_local): there the shaped link's
-nominal rate and the time a step loses to it are both known.
+nominal rate and the time a step loses to it are both known. A pipeline across
+islands (project_pipeline) sends only its stage boundaries' activations instead.
 """
 
 import dataclasses
@@ -59,12 +60,57 @@ def project(experiment, num_islands: int, devices_per_island: int,
   }
 
 
+def project_pipeline(experiment, num_islands: int, devices_per_island: int,
+                     a: Assumptions) -> dict:
+  """A pipeline whose S stages split across the islands (S/K each, as tf_tput.launch
+  --islands places them): bytes, seconds and the projected fraction of one step.
+
+  Only the K-1 stage boundaries on the links cross, each sending every micro-batch's
+  activations forward and their gradient back (GPipe's 2M transfers of one
+  micro-batch, in the activation dtype) through the boundary stage's hosts; and the
+  shared embedding's float32 gradient, summed between the first and last stages
+  once per step (sent once each way). A transfer overlaps the next micro-batch's
+  compute, so each boundary adds its transfer time to the schedule's fill (forward)
+  and drain (backward) once, plus whatever a transfer takes beyond its slot (a
+  micro-batch's forward or backward on one stage: 1/3 and 2/3 of the step's compute
+  over its M+S-1 slots); the embedding's exchange at the step's end hides behind
+  nothing (`overlap` applies to the data-parallel reduction only)."""
+  m, d, p = experiment.model, experiment.data, experiment.pipeline
+  S, M, K = p.stages, p.micro_batches, num_islands
+  tokens = experiment.train.global_batch * d.targets_length
+  micro_bytes = (experiment.train.global_batch // M * d.targets_length * m.d_model
+                 * models.activation_bytes_per_element(m.activation_dtype))
+  embedding_bytes = (models.padded_vocab(m.vocab_size) * m.d_model
+                     * models.BYTES_PER_VARIABLE_ELEMENT)
+  hosts_per_stage = max(1.0, a.hosts_per_island * K / S)
+  bandwidth = hosts_per_stage * a.gbps_per_host * 1e9 / 8 * a.link_efficiency
+  micro_s = micro_bytes / bandwidth
+  compute_s = (tokens * models.model_flops_per_token(m, 0, d.targets_length)
+               / (K * devices_per_island * a.peak_flops_per_device * a.mfu))
+  slot_s = compute_s / (M + S - 1)
+  behind_s = M * (max(0.0, micro_s - slot_s / 3) + max(0.0, micro_s - 2 * slot_s / 3))
+  embedding_s = embedding_bytes / bandwidth
+  exposed_s = (K - 1) * (2 * micro_s + behind_s) + embedding_s
+  return {
+      "islands": K, "devices_per_island": devices_per_island, "stages": S,
+      "micro_batches": M, "tokens_per_step": tokens,
+      "boundaries_on_links": K - 1, "micro_batch_bytes": micro_bytes,
+      "bytes_per_step": (K - 1) * 2 * M * micro_bytes + 2 * embedding_bytes,
+      "stage_dcn_bytes_per_s": bandwidth, "micro_batch_transfer_s": micro_s,
+      "compute_s": compute_s, "slot_s": slot_s, "embedding_s": embedding_s,
+      "exposed_s": exposed_s,
+      "fraction_of_single_island": compute_s / (compute_s + exposed_s),
+      "assumptions": dataclasses.asdict(a),
+  }
+
+
 def calibrate_efficiency(records: list) -> Optional[tuple]:
-  """(median link efficiency, runs used) from island runs: for each run on a shaped
+  """(median link efficiency, runs used) from data-parallel island runs (a pipeline's
+  transfers overlap its compute, so its lost time does not time the link): for each run on a shaped
   link, the time its link should take (bytes sent per island x 8 / rate) over the
   step time it lost against the same run on an unshaped link. None without pairs."""
   ok = [r for r in records if r.get("islands", 1) > 1 and r["status"] == "ok"
-        and r.get("link_bytes_per_step")]
+        and r.get("link_bytes_per_step") and (r.get("pipeline_stages") or 1) == 1]
   key = lambda r: (r["system"], r["model"], r["mesh_shape"], r["global_batch"],
                    r["targets_length"], r["islands"], r["num_processes"])
   unshaped = {key(r): r["step_time_s"]["median"] for r in ok

@@ -23,6 +23,11 @@ ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR = 128
 BYTES_PER_VARIABLE_ELEMENT = 4   # variables and optimizer slots are float32 in every dtype
 
 
+def activation_bytes_per_element(activation_dtype: str) -> int:
+  """ModelConfig.activation_dtype's element size: bfloat16 2, float32 4."""
+  return 2 if activation_dtype == "bfloat16" else 4
+
+
 @dataclasses.dataclass(frozen=True)
 class Variable:
   name: str

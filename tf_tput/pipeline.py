@@ -173,7 +173,7 @@ def activation_bytes(experiment: Experiment, stage: int) -> int:
   m, p, t, d = experiment.model, experiment.pipeline, experiment.train, experiment.data
   mesh_shape, layout = experiment.mesh_shape, experiment.layout
   S, M = p.stages, p.micro_batches
-  act = 2 if m.activation_dtype == "bfloat16" else 4
+  act = models.activation_bytes_per_element(m.activation_dtype)
   length = d.targets_length
   tokens = _shards(t.global_batch // M, "batch", mesh_shape, layout) * length
   inner = m.num_heads * m.d_kv

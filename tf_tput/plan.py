@@ -30,6 +30,7 @@ from tf_tput import config, dcn, errors, models, pipeline
 from tf_tput.errors import UsageError
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
+from tf_tput.runtime import islands
 from tf_tput.report import published
 
 FLAGS = flags.FLAGS
@@ -164,13 +165,46 @@ def format_islands(d: dict, model: str, source: str) -> str:
   return "\n".join(lines)
 
 
+def format_pipeline_islands(d: dict, model: str, source: str) -> str:
+  a = d["assumptions"]
+  pub = published.MULTI_ISLAND_PIPELINE.get(model)
+  lines = [
+      f"islands                {d['islands']} x {d['devices_per_island']} devices, "
+      f"{d['stages'] // d['islands']} of {d['stages']} stages each, "
+      f"{a['hosts_per_island']} hosts per island at {a['gbps_per_host']:g} Gbit/s, link "
+      f"efficiency {a['link_efficiency']:.2f} ({source})",
+      f"bytes per step         {d['bytes_per_step'] / 1e9:,.2f} GB over all links: "
+      f"{d['boundaries_on_links']} stage boundaries x 2 x {d['micro_batches']} "
+      f"micro-batches of {d['micro_batch_bytes'] / 1e6:,.1f} MB, and the shared "
+      "embedding's gradient once each way",
+      f"DCN transfer           {d['micro_batch_transfer_s'] * 1e3:.2f} ms per micro-batch "
+      f"at {d['stage_dcn_bytes_per_s'] / 1e9:,.1f} GB/s per boundary stage, embedding "
+      f"{d['embedding_s'] * 1e3:.1f} ms",
+      f"compute                {d['compute_s']:.3f} s per step ({d['tokens_per_step']:,} "
+      f"tokens at {100 * a['mfu']:.0f}% MFU of {a['peak_flops_per_device'] / 1e12:g} "
+      f"TFLOP/s), {d['slot_s'] * 1e3:.1f} ms per micro-batch slot",
+      f"exposed                {d['exposed_s'] * 1e3:.1f} ms -> projected "
+      f"{d['fraction_of_single_island']:.3f} of single-island throughput",
+  ]
+  if pub:
+    lines.append(
+        f"published (Table 2)    S={pub[0]}, M={pub[1]} on {pub[2]} islands x {pub[3]} "
+        f"cores: the same 131.4k tokens/s as one island ({pub[4]:g})")
+  return "\n".join(lines)
+
+
 def run() -> int:
   experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
   p = plan(experiment)
   source = None
   if FLAGS.islands > 1:
     per_island, assumptions, source = _assumptions(experiment)
-    p["islands"] = dcn.project(experiment, FLAGS.islands, per_island, assumptions)
+    if experiment.pipelined:
+      islands.check_mesh(experiment, FLAGS.islands, ("pipeline",))
+      p["islands"] = dcn.project_pipeline(experiment, FLAGS.islands, per_island,
+                                          assumptions)
+    else:
+      p["islands"] = dcn.project(experiment, FLAGS.islands, per_island, assumptions)
   elif FLAGS.islands < 1:
     raise UsageError(f"--islands={FLAGS.islands}; it must be >= 1")
   if FLAGS.format == "json":
@@ -178,7 +212,8 @@ def run() -> int:
   else:
     print(format_text(p))
     if "islands" in p:
-      print(format_islands(p["islands"], p["model"], source))
+      print(format_pipeline_islands(p["islands"], p["model"], source)
+            if experiment.pipelined else format_islands(p["islands"], p["model"], source))
   return 0
 
 

@@ -90,9 +90,10 @@ class Outcome:
   num_params: int
   device_memory_bytes: Optional[int] = None
   link_timer: Optional[loop.ProbedTimer] = None  # across islands: bytes between them
-  # Bytes a step all-reduces across every island, where the trainer knows them (mtf
-  # reduces some activation-shaped gradients); None: one gradient per parameter.
-  reduced_bytes: Optional[int] = None
+  # Bytes a step sends between islands by the trainer's own account (mtf counts what
+  # its lowering all-reduces or sends; pipelines count stage boundaries); None: one
+  # gradient per parameter, reduced hierarchically (islands.analytic_link_bytes).
+  analytic_link_bytes: Optional[int] = None
 
 
 def _run_key() -> str:
@@ -210,16 +211,17 @@ def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:
   num_islands = topology_lib.launched_islands()  # 0: not under --islands
   timer = outcome.link_timer
   measured = timer.measured_change if timer is not None else None
-  gradient_bytes = outcome.reduced_bytes or (
-      outcome.num_params * models.BYTES_PER_VARIABLE_ELEMENT)
   one = num_islands <= 1
+  analytic = outcome.analytic_link_bytes
+  if analytic is None and not one:
+    analytic = islands.analytic_link_bytes(
+        outcome.num_params * models.BYTES_PER_VARIABLE_ELEMENT, num_islands)
   return {
       "islands": num_islands, "devices_per_island": num_devices // max(1, num_islands),
       "dcn_rate": None if one else os.environ.get(islands.DCN_RATE_ENV),
       "link_bytes_per_step": (None if measured is None
                               else measured / experiment.train.steps),
-      "link_bytes_per_step_analytic": (None if one else islands.analytic_link_bytes(
-          gradient_bytes, num_islands)),
+      "link_bytes_per_step_analytic": None if one else analytic,
   }
 
 
@@ -312,7 +314,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
                                             t.warmup_steps, t.steps, t.sync_every)
     try:
       outcome.num_params = trainer.num_params
-      outcome.reduced_bytes = getattr(trainer, "reduced_bytes_per_step", None)
+      outcome.analytic_link_bytes = getattr(trainer, "analytic_link_bytes_per_step", None)
       outcome.measurement = loop.run(
           trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
           on_step=writer.write if writer else None, sync_every=t.sync_every,

@@ -163,6 +163,44 @@ def test_mtf_trains_across_two_islands_as_on_one_host_and_counts_the_bytes(tmp_p
     assert abs(a - b) / b < 1e-5
 
 
+PIPELINE_TRAIN = ["-m", "tf_tput.train", "--gin_file=gin/models/decoder_tiny.gin",
+                  "--gin_file=gin/pipeline/s2_m8.gin",
+                  "--gin_param=TrainConfig.global_batch = 8", "--steps=4",
+                  "--warmup_steps=1"]
+
+
+@pytest.mark.parametrize("system", ["jax", "mtf"])
+def test_a_pipeline_across_two_islands_sends_its_stage_boundaries_over_the_link(
+    system, tmp_path):
+  """2 stages x 8 micro-batches, one stage per island (a JAX process or a TF worker
+  of one device each): the links' counters agree with the bytes the schedule sends
+  (each micro-batch's activations forward, their gradients back, the shared
+  embedding's gradient or copy), and jax trains what one process's 2 devices train."""
+  out, local = tmp_path / "runs.jsonl", tmp_path / "local.jsonl"
+  launch = (["--num_processes=2"] if system == "jax"
+            else ["--num_workers=2", "--devices_per_worker=1"])
+  train = [f"--system={system}", "--num_cpu_devices=1" if system == "jax"
+           else "--strategy=multi_worker", f"--results={out}"]
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", *launch, "--",
+                 sys.executable, *PIPELINE_TRAIN, *train, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())
+  results.validate(record)
+  assert record["status"] == "ok" and record["pipeline_stages"] == 2
+  assert (record["islands"], record["devices_per_island"]) == (2, 1)
+  analytic = record["link_bytes_per_step_analytic"]
+  boundary, embedding = 1 * 128 * 64 * 4, 512 * 64 * 4  # a micro-batch; the vocabulary
+  assert analytic > 2 * 8 * boundary + 2 * embedding
+  assert abs(record["link_bytes_per_step"] - analytic) <= 0.15 * analytic
+  if system == "jax":
+    proc = run_cli(*PIPELINE_TRAIN[1:], "--system=jax", "--num_cpu_devices=2",
+                   f"--results={local}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    same = json.loads(local.read_text())
+    for a, b in zip(record["losses"], same["losses"], strict=True):
+      assert abs(a - b) / b < 1e-5
+
+
 def test_a_model_parallel_mesh_across_islands_is_one_line_for_jax(tmp_path):
   proc = run_cli("tf_tput.launch", "--islands=2", "--num_processes=2", "--",
                  sys.executable, "-m", "tf_tput.train", "--system=jax",

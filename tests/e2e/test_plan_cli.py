@@ -79,3 +79,23 @@ def test_plan_projects_the_64b_model_across_two_islands_beside_the_paper():
   assert "published (§5.3)       2 x 512 cores: 457 GB per reduction, 0.972" in text
   bad = run_cli("tf_tput.plan", *args, "--overlap=2")
   assert bad.returncode == 2 and "--overlap=2.0; it must be in [0, 1]" in bad.stderr
+
+
+def test_plan_projects_the_papers_pipeline_across_four_islands():
+  """Table 2's note: S=16, M=64 on 4 islands x 32 TPUv3 cores (8 per host)."""
+  args = ["--gin_file=gin/models/decoder_3b.gin", "--gin_file=gin/mesh/data8.gin",
+          "--gin_file=gin/pipeline/s16_m64.gin", "--gin_param=TrainConfig.global_batch = 2048",
+          "--gin_param=DataConfig.targets_length = 1024",
+          "--gin_param=ModelConfig.activation_dtype = 'bfloat16'", "--islands=4",
+          "--devices_per_island=32", "--hosts_per_island=4", "--accelerator=tpu_v3"]
+  proc = run_cli("tf_tput.plan", *args, "--format=json")
+  assert proc.returncode == 0, proc.stderr
+  projection = json.loads(proc.stdout)["islands"]
+  micro = 2048 // 64 * 1024 * 2048 * 2  # a micro-batch's bfloat16 activations
+  assert projection["micro_batch_bytes"] == micro
+  assert projection["bytes_per_step"] == 3 * 2 * 64 * micro + 2 * 32128 * 2048 * 4
+  assert 0.9 < projection["fraction_of_single_island"] < 1
+  text = run_cli("tf_tput.plan", *args).stdout
+  assert "4 of 16 stages each" in text and "published (Table 2)    S=16, M=64" in text
+  bad = run_cli("tf_tput.plan", *args[:-4], "--islands=3", "--devices_per_island=32")
+  assert bad.returncode == 2 and "multiple of 3" in bad.stderr

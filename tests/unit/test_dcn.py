@@ -1,5 +1,7 @@
 """tf_tput/dcn.py: the §5.3 projection by hand, and the efficiency calibration."""
 
+import dataclasses
+
 import pytest
 
 from tf_tput import config, dcn, models
@@ -46,3 +48,29 @@ def test_efficiency_is_the_ideal_link_time_over_the_time_lost():
   assert runs == 2
   assert efficiency == pytest.approx((0.5 / 1.0 + 1.0 / 1.25) / 2)
   assert dcn.calibrate_efficiency(records[1:]) is None  # no unshaped run to compare
+  # A pipeline's transfers overlap its compute: its runs do not time the link.
+  piped = [dict(r, pipeline_stages=4, micro_batches=16) for r in records]
+  assert dcn.calibrate_efficiency(piped) is None
+
+
+def test_pipeline_projection_by_hand():
+  e = config.load_experiment(["gin/models/decoder_deep.gin", "gin/pipeline/s4_m16.gin"],
+                             ["TrainConfig.global_batch = 32",
+                              "DataConfig.targets_length = 64"])
+  a = dcn.Assumptions(hosts_per_island=1, gbps_per_host=8.0, link_efficiency=0.5,
+                      overlap=0.0, peak_flops_per_device=1e9, mfu=0.5)
+  p = dcn.project_pipeline(e, 2, 2, a)
+  micro = 2 * 64 * 128 * 4
+  embedding = 512 * 128 * 4
+  assert p["bytes_per_step"] == 1 * 2 * 16 * micro + 2 * embedding
+  bandwidth = 1e9 * 0.5  # 1 host per island, 2 stages each: at least 1 host a stage
+  assert p["stage_dcn_bytes_per_s"] == pytest.approx(bandwidth)
+  compute = 32 * 64 * models.model_flops_per_token(e.model, 0, 64) / (4 * 1e9 * 0.5)
+  slot = compute / 19
+  t = micro / bandwidth
+  behind = 16 * (max(0.0, t - slot / 3) + max(0.0, t - 2 * slot / 3))
+  exposed = 2 * t + behind + embedding / bandwidth
+  assert p["exposed_s"] == pytest.approx(exposed)
+  assert p["fraction_of_single_island"] == pytest.approx(compute / (compute + exposed))
+  slow = dcn.project_pipeline(e, 2, 2, dataclasses.replace(a, gbps_per_host=0.001))
+  assert slow["fraction_of_single_island"] < p["fraction_of_single_island"]

@@ -279,7 +279,7 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   records = [run(1, None, 1000.0, 1.0, "a"), run(2, "none", 900.0, 1.1, "b"),
              run(2, "8mbit", 500.0, 2.0, "c")]
   header, rows = tables.islands_table(records)
-  by_rate = {row[4]: dict(zip(header, row)) for row in rows}
+  by_rate = {row[5]: dict(zip(header, row)) for row in rows}
   assert by_rate["loopback"]["jax of 1 island"] == "1.000"
   assert by_rate["none"]["jax of 1 island"] == "0.900"
   shaped = by_rate["8mbit"]
@@ -288,5 +288,14 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   assert shaped["jax link bytes/step (analytic)"] == "2,100,000"
   # 1 MB per island at 8 Mbit/s: 1 s on top of the unshaped 1.1 s; one island took 1 s.
   assert shaped["jax ideal-link projection"] == f"{1.0 / 2.1:.3f}"
-  assert shaped["published fraction"] == "–"
+  assert shaped["published fraction"] == "–" and shaped["pipeline"] == "–"
   assert "## Across islands" in document.render(records, [], [("x.jsonl", 3, 0)], [], {})
+  # A pipeline across islands is a group of its own, beside Table 2's note for 3B.
+  piped = [dict(r, pipeline_stages=4, micro_batches=16, tokens_per_sec=800.0)
+           for r in records[:2]]
+  header, rows = tables.islands_table(records + piped)
+  assert len(rows) == 5  # 3 unpipelined, 2 pipelined
+  row = dict(zip(header, next(r for r in rows if r[1] == "4 x 16" and r[5] == "none")))
+  assert row["jax of 1 island"] == "1.000"  # 800 against its own one-island 800
+  three_b = dict(piped[0], model="decoder_3b")
+  assert tables._published_fraction(three_b) == "1 (S=16, M=64, 4 x 32)"

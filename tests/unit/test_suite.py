@@ -14,7 +14,7 @@ from tf_tput.suite import __main__ as suite_main
 from record_fixtures import micro_record, train_record
 
 SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
-          "table2_paper", "islands_local", "islands_paper"]
+          "table2_paper", "islands_local", "islands_paper", "islands_pipeline_local"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -292,3 +292,18 @@ def test_a_model_axis_across_islands_is_refused_for_jax():
   jax = dataclasses.replace(run, flags={**run.flags, "system": "jax"})
   with pytest.raises(UsageError, match="split the model"):
     suites.validate(jax)
+
+
+def test_islands_pipeline_local_puts_one_stage_in_each_of_four_islands():
+  runs = suites.expand(suites.load("islands_pipeline_local"))
+  assert len(runs) == 8 and len({run.key for run in runs}) == 8
+  for run in runs:
+    assert "gin/pipeline/s4_m16.gin" in run.flags["gin_file"]
+    assert "4 stages x 16 micro-batches" in suites.validate(run)
+  jax = [run.launcher for run in runs if run.flags["system"] == "jax"]
+  assert jax == [("--num_processes=4", "--islands=1")] + [
+      ("--num_processes=4", "--islands=4", f"--dcn_rate={rate}")
+      for rate in ("none", "100mbit", "20mbit")]
+  three = dataclasses.replace(runs[1], launcher=("--num_processes=4", "--islands=3"))
+  with pytest.raises(UsageError, match="stages = 4 across 3 islands"):
+    suites.validate(three)

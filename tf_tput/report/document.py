@@ -97,12 +97,15 @@ def _train_section(train: list, plots: dict) -> list:
   if any(r.get("islands", 1) > 1 for r in train):
     header, rows = tables.islands_table(train)
     out += ["## Across islands (§5.3 style)", "", tables.markdown(header, rows), "",
-            "Runs of one model, device count, process count, batch and length; 'of 1 "
-            "island' divides by the same system's run with its processes on loopback. "
-            "Link bytes: what the islands' link ends sent per measured step, and what "
-            "the system's hierarchical reduction predicts (2(K-1) times the bytes it "
-            "reduces: a float32 gradient per parameter for jax, more for mtf, which "
-            "reduces the relative bias's activation-shaped gradient). The "
+            "Runs of one model, pipeline, device count, process count, batch and "
+            "length; 'of 1 island' divides by the same system's run with its processes "
+            "on loopback. Link bytes: what the islands' link ends sent per measured "
+            "step, and what the system's own schedule predicts: data parallel, 2(K-1) "
+            "times the bytes its hierarchical reduction reduces (a float32 gradient per "
+            "parameter for jax, more for mtf, which reduces the relative bias's "
+            "activation-shaped gradient); a pipeline (S x M, its stages split across "
+            "the islands), the activations and gradients sent over the stage boundaries "
+            "on the links and the shared embedding's gradient (jax) or copy (mtf). The "
             "ideal-link projection is the unshaped islands run's step plus the bytes "
             "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
             ""]

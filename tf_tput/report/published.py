@@ -49,6 +49,13 @@ MULTI_ISLAND = {
     "decoder_136b": (2, 1024, 1030e9, 0.97),
 }
 
+# Table 2's note: the pipeline across islands, its stage boundaries on the DCN.
+MULTI_ISLAND_PIPELINE = {
+    # model: (stages, micro-batches, islands, TPU cores per island, fraction of the
+    # one-island row: the same 131.4k tokens/s as 128 cores in one island)
+    "decoder_3b": (16, 64, 4, 32, 1.0),
+}
+
 # Fig. 6: the smallest computation (ms) at which Pathways matches JAX's throughput.
 FIG6_CROSSOVER_MS = [
     # (hosts, TPUs, configuration, ms)

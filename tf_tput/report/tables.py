@@ -411,15 +411,16 @@ def islands_table(records: list) -> tuple:
   fraction for its models."""
   launched = [r for r in records if r.get("islands", 0) >= 1]  # under --islands=K
   names = systems_in(launched)
-  header = ["model", "devices", "processes", "islands x devices", "link rate"]
+  header = ["model", "pipeline", "devices", "processes", "islands x devices", "link rate"]
   for s in names:
     header += [f"{s} tokens/s [spread]", f"{s} of 1 island",
                f"{s} link bytes/step (counted)", f"{s} link bytes/step (analytic)",
                f"{s} ideal-link projection"]
   header += ["published fraction"]
   rows = []
-  for runs in group(launched, lambda r: (r["model"], r["num_devices"], r["num_processes"],
-                                         r["global_batch"], r["targets_length"])).values():
+  for runs in group(launched, lambda r: (r["model"], _pipeline(r), r["num_devices"],
+                                         r["num_processes"], r["global_batch"],
+                                         r["targets_length"])).values():
     place = lambda r: (r["islands"], r.get("dcn_rate") or "loopback")
     medians = {}
     for (where, s), mine in group(runs, lambda r: (place(r), r["system"])).items():
@@ -428,7 +429,8 @@ def islands_table(records: list) -> tuple:
         medians[(where, s)] = (tokens_band(ok), ok[-1])
     for where, mine in group(runs, place).items():
       first = mine[0]
-      row = [first["model"], str(first["num_devices"]), str(first["num_processes"]),
+      row = [first["model"], _pipeline(first), str(first["num_devices"]),
+             str(first["num_processes"]),
              f"{first['islands']} x {first['devices_per_island']}", where[1]]
       for s in names:
         got, one = medians.get((where, s)), medians.get(((1, "loopback"), s))
@@ -443,8 +445,14 @@ def islands_table(records: list) -> tuple:
                 f"{counted:,.0f}" if counted else "–",
                 f"{analytic:,.0f}" if analytic else "–",
                 _ideal_link_fraction(last, medians)]
-      rows.append(row + [_published_fraction(first["model"])])
+      rows.append(row + [_published_fraction(first)])
   return header, rows
+
+
+def _pipeline(r: dict) -> str:
+  """'S x M' for a pipelined run (its stages split across the islands), else '–'."""
+  stages = r.get("pipeline_stages") or 1
+  return f"{stages} x {r['micro_batches']}" if stages > 1 else "–"
 
 
 def _ideal_link_fraction(r: dict, medians: dict) -> str:
@@ -461,6 +469,10 @@ def _ideal_link_fraction(r: dict, medians: dict) -> str:
   return f"{one_s / (base_s + transfer_s):.3f}"
 
 
-def _published_fraction(model: str) -> str:
-  pub = published.MULTI_ISLAND.get(model)
+def _published_fraction(r: dict) -> str:
+  if (r.get("pipeline_stages") or 1) > 1:
+    pub = published.MULTI_ISLAND_PIPELINE.get(r["model"])
+    return (f"{pub[4]:g} (S={pub[0]}, M={pub[1]}, {pub[2]} x {pub[3]})" if pub
+            else "–")
+  pub = published.MULTI_ISLAND.get(r["model"])
   return f"{pub[3]:g} ({pub[0]} x {pub[1]})" if pub else "–"

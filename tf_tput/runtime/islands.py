@@ -241,11 +241,19 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",)) -> None:
   """Across islands the run is data parallel over the island axis: the batch axis
   splits across islands. Inside each island it is data parallel too, or, where the
   system splits the model inside islands ("model" in its parallelism, mtf), any
-  other axes follow the batch axis, so that each island holds a block of the mesh."""
+  other axes follow the batch axis, so that each island holds a block of the mesh.
+  A pipeline ("pipeline" in the parallelism) splits its stages across the islands
+  instead: S/K consecutive stages each, so K-1 stage boundaries lie on the links."""
   if experiment.pipelined:
-    raise UsageError(f"{num_islands} islands with PipelineConfig.stages = "
-                     f"{experiment.pipeline.stages}: islands are data parallel; drop the "
-                     "pipeline")
+    stages = experiment.pipeline.stages
+    if "pipeline" not in parallelism:
+      raise UsageError(f"{num_islands} islands with PipelineConfig.stages = {stages}: "
+                       "this system is data parallel across islands; drop the pipeline")
+    if stages % num_islands:
+      raise UsageError(f"PipelineConfig.stages = {stages} across {num_islands} islands: "
+                       "each island holds an equal run of stages; choose stages that "
+                       f"are a multiple of {num_islands}")
+    return
   axis = experiment.layout.get("batch", "batch")
   other = {a: n for a, n in experiment.mesh_shape.items() if a != axis and n > 1}
   if other and "model" not in parallelism:
@@ -267,12 +275,27 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",)) -> None:
                      f"{num_islands} devices")
 
 
+def ring_link_bytes(nbytes: int, members: int, num_islands: int) -> int:
+  """Bytes a ring all-reduce of `nbytes` over `members` sends between islands, the
+  members island-major in equal shares: K of the ring's edges cross (each island's
+  last member to the next island's first, the last island's back to the first) and
+  every edge carries 2(P-1)/P of the bytes (reduce-scatter, then all-gather). One
+  island: nothing crosses. Transport headers are not counted."""
+  if num_islands < 2:
+    return 0
+  return 2 * num_islands * (members - 1) * nbytes // members
+
+
 def analytic_link_bytes(gradient_bytes: int, num_islands: int) -> int:
   """Bytes the hierarchical reduction sends over all inter-island links per step:
   every island's shards of the gradient, all-reduced across the K islands as a ring
-  (each member sends 2(K-1)/K of what it reduces), sum one gradient's bytes per
-  island: 2(K-1) gradients in all. Transport headers are not counted."""
-  return 2 * (num_islands - 1) * gradient_bytes
+  (one member per island), sum one gradient's bytes per island: 2(K-1) gradients."""
+  return ring_link_bytes(gradient_bytes, num_islands, num_islands)
+
+
+def island_of_stage(stage: int, stages: int, num_islands: int) -> int:
+  """A pipeline's stages split across the islands in order, S/K each (check_mesh)."""
+  return stage * num_islands // stages
 
 
 def _link_ends(spec: str) -> list:

@@ -151,7 +151,8 @@ class JaxSystem:
   every_worker = False
   embeddings = ("one_hot", "gather")
   pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
-  islands = ("data",)    # data parallel across and inside --islands (jax_islands.py)
+  islands = ("data", "pipeline")  # data parallel across and inside --islands
+  # (jax_islands.py), or a pipeline's stages split across them (jax_pipeline.py)
 
   def build(self, experiment, topology):
     if experiment.pipelined:

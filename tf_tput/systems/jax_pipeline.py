@@ -50,6 +50,7 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models, pipeline
+from tf_tput.config import mesh_size
 from tf_tput.systems.jax_adapter import device_mesh, local_peak_bytes, partition_spec
 
 STAGE = "stage"
@@ -224,6 +225,35 @@ def pipeline_loss(params: dict, batch: dict, m, stages: int, slots: np.ndarray,
                                            batch)
 
 
+def link_bytes(experiment, num_islands: int):
+  """Bytes a step sends between islands when tf_tput.launch --islands splits the
+  stages across them (S/K each, in order; JAX processes are process-major), or None
+  on one island. At each of the K-1 boundaries on a link, every one of the M+S-1 loop
+  iterations sends a micro-batch's activations forward (the ppermute runs in the
+  bubble too, on what the stage holds) and its transpose sends their gradient back.
+  The shared weights' gradients (embedding, relative bias, final norm) are summed
+  over the stages by one all-reduce per in-stage device, a ring over the S stages in
+  order (gloo's), of that device's shard in the activation dtype (the pcast is after
+  the cast): islands.ring_link_bytes. The scalar loss's psum is not counted."""
+  from tf_tput.runtime import islands
+  if num_islands < 2:
+    return None
+  m, p, d = experiment.model, experiment.pipeline, experiment.data
+  S, M = p.stages, p.micro_batches
+  act = models.activation_bytes_per_element(m.activation_dtype)
+  devices = mesh_size(experiment.mesh_shape)  # one stage's; each sends its own shard
+
+  def laid_out_bytes(dims):  # over the stage's devices, replicated copies included
+    return models.sharded_size(dims, experiment.mesh_shape, experiment.layout) * (
+        devices * act)
+  boundary = laid_out_bytes([("batch", experiment.train.global_batch // M),
+                             ("length", d.targets_length), ("d_model", m.d_model)])
+  variables = {v.name: v for v in models.variables(m)}
+  shared = sum(laid_out_bytes(variables[name].dims) for name in SHARED)
+  return ((num_islands - 1) * 2 * (M + S - 1) * boundary
+          + islands.ring_link_bytes(shared, S, num_islands))
+
+
 class JaxPipelineTrainer:
   """JaxTrainer's interface over a pipeline: stacked weights sharded over 'stage'."""
 
@@ -232,13 +262,13 @@ class JaxPipelineTrainer:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from tf_tput.systems import jax_model
 
-    del topology
     self._jax = jax
     m, p = experiment.model, experiment.pipeline
     pipeline.validate(experiment)
     S, M = p.stages, p.micro_batches
     self._micro_batches = M
     mesh_shape, layout = experiment.mesh_shape, experiment.layout
+    self.analytic_link_bytes_per_step = link_bytes(experiment, topology.islands)
     groups = pipeline.stage_devices(jax.devices(), S)
     self._mesh = Mesh(np.stack([device_mesh(tuple(mesh_shape.values()), g)
                                 for g in groups]), (STAGE, *mesh_shape))

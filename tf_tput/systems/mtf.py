@@ -18,7 +18,7 @@ import time
 from typing import Optional
 
 from tf_tput import compat, errors
-from tf_tput.runtime import cluster
+from tf_tput.runtime import cluster, islands
 from tf_tput.systems import mtf_model
 
 CLOSE_WAIT_S = 5.0
@@ -57,9 +57,8 @@ class MtfTrainer:
         loads[v.name] = (value, tf1.assign(master, value))
       self._loads = loads
       self.lowering = lowering = mtf.Lowering(graph, mesh_to_impl)
-      # Across islands: the bytes the lowering all-reduces over them each step.
-      self.reduced_bytes_per_step = sum(
-          getattr(impl, "reduced_bytes", 0) for impl in mesh_to_impl.values()) or None
+      self.analytic_link_bytes_per_step = self._analytic_link_bytes(
+          graph, mesh_to_impl, experiment, topology)
       self._loss = tf.cast(lowering.export_to_tf_tensor(loss), tf.float32)
       # Adafactor's step size and decay read the global step; incrementing it only
       # after every update keeps step k on k (mtf's own runner leaves them unordered).
@@ -96,6 +95,13 @@ class MtfTrainer:
 
     loss = mtf_model.build_loss(mtf, mtf_t, experiment, mesh, import_feature)
     return loss, {mesh: mtf_model.mesh_impl(mtf, experiment, topology)}
+
+  def _analytic_link_bytes(self, graph, mesh_to_impl, experiment, topology):
+    """Across islands, after the lowering: 2(K-1) times the bytes it all-reduced over
+    them (mtf_islands.IslandPlacementMeshImpl counts them); None elsewhere."""
+    del graph, experiment
+    reduced = sum(getattr(impl, "reduced_bytes", 0) for impl in mesh_to_impl.values())
+    return islands.analytic_link_bytes(reduced, topology.islands) if reduced else None
 
   def step(self, batch: dict) -> float:
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
@@ -167,7 +173,8 @@ class MtfSystem:
   every_worker = False  # the chief drives tf_server workers
   embeddings = ("one_hot",)  # mtf.gather is a one-hot einsum; mtf has no row lookup
   pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
-  islands = ("data", "model")  # TF workers in islands, a hierarchical reduction
+  islands = ("data", "model", "pipeline")  # TF workers in islands: a hierarchical
+  # reduction, or a pipeline's stages split across them (mtf_pipeline.py)
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":

@@ -21,6 +21,7 @@ micro-batch m while stage s+1 works on m-1 (GPipe's schedule, not enforced; a
 import copy
 
 from tf_tput import compat, pipeline
+from tf_tput.runtime import islands
 from tf_tput.systems import mtf_model
 from tf_tput.systems.mtf import MtfTrainer
 
@@ -157,3 +158,28 @@ class MtfPipelineTrainer(MtfTrainer):
         losses.append(model._compute_loss(context, logits, targets,
                                           model.output_vocab_dim))
     return mtf.add_n(losses), dict(zip(meshes, self.mesh_impls))
+
+  def _analytic_link_bytes(self, graph, mesh_to_impl, experiment, topology):
+    """Across islands (stages split across them in order): the bytes of every
+    StageTransfer between stages in different islands, counted in the graph after
+    mtf.gradients, so the backward transfers are there too (each micro-batch's
+    activations forward, their gradient back; the relative bias and the embedding
+    sent once, their gradients back), each slice of each device (a tensor replicated
+    inside the stage is sent once per device), plus the rows of every input the
+    chief (in island 0) feeds a stage in another island. None on one island."""
+    K, S = topology.islands, experiment.pipeline.stages
+    if K < 2:
+      return None
+    stage_of = {mesh: s for s, mesh in enumerate(mesh_to_impl)}  # _build_model's order
+    sent = 0
+    for op in graph.operations:
+      if isinstance(op, StageTransfer):
+        source, target = stage_of[op.inputs[0].mesh], stage_of[op.mesh]
+        if (islands.island_of_stage(source, S, K)
+            != islands.island_of_stage(target, S, K)):
+          # Every device's slice is copied, replicated ones too (the embedding).
+          y = op.outputs[0]
+          sent += mesh_to_impl[op.mesh].laid_out_size(y.shape) * y.dtype.size
+    remote_stages = sum(islands.island_of_stage(s, S, K) != 0 for s in range(S))
+    fed = sum(p.shape.num_elements() * p.dtype.size for p in self._placeholders.values())
+    return sent + remote_stages * fed
