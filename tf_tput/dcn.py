@@ -105,10 +105,11 @@ def project_pipeline(experiment, num_islands: int, devices_per_island: int,
 
 
 def calibrate_efficiency(records: list) -> Optional[tuple]:
-  """(median link efficiency, runs used) from data-parallel island runs (a pipeline's
-  transfers overlap its compute, so its lost time does not time the link): for each run on a shaped
-  link, the time its link should take (bytes sent per island x 8 / rate) over the
-  step time it lost against the same run on an unshaped link. None without pairs."""
+  """(median link efficiency, runs used) from data-parallel island runs: for each run
+  on a shaped link, the time its link should take (bytes sent per island x 8 / rate)
+  over the step time it lost against the same run on an unshaped link. None without
+  pairs. Pipelined runs are left out: their transfers overlap compute, so the time
+  they lose does not time the link."""
   ok = [r for r in records if r.get("islands", 1) > 1 and r["status"] == "ok"
         and r.get("link_bytes_per_step") and (r.get("pipeline_stages") or 1) == 1]
   key = lambda r: (r["system"], r["model"], r["mesh_shape"], r["global_batch"],

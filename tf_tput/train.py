@@ -193,7 +193,8 @@ def _check_strategy(experiment):
 
 
 def _check_islands(experiment) -> None:
-  """Processes tf_tput.launch --islands put in islands train data parallel across them."""
+  """Processes tf_tput.launch --islands put in islands train data parallel across them,
+  or as a pipeline whose stages split across them (islands.check_mesh)."""
   num_islands = topology_lib.launched_islands()
   if not num_islands:
     return

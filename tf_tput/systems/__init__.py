@@ -11,7 +11,8 @@
       pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
       islands: tuple                      # across tf_tput.launch --islands: how it
                                           # splits inside an island, () / ("data",)
-                                          # / ("data", "model")
+                                          # / ("data", "model"), and "pipeline" if
+                                          # a pipeline's stages split across them
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -26,6 +27,10 @@ without it has a synchronous step (mtf: Session.run returns when the step is don
 and records say so (synchronous_step).
 tf_tput.parity also uses two optional Trainer methods: export_variables() ->
 {mtf variable name: numpy array} and load_variables(values) (every system).
+Across islands an optional attribute analytic_link_bytes_per_step gives the bytes
+the trainer's own schedule sends between them per step (mtf's counted reduction, a
+pipeline's stage boundaries); without it, train records one float32 gradient per
+parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
 Modules are imported only when chosen, so choosing a system loads only its framework.
 """
 
