@@ -103,14 +103,16 @@ def _scan_lengths(jaxpr, inside_shard_map=False, out=None):
 def _worker(case: str) -> dict:
   """Runs in the 4-device subprocess: unpipelined and pipelined, same weights."""
   from tf_tput import data, models
+  from tf_tput.runtime import topology as topology_lib
   from tf_tput.systems import jax_adapter, jax_pipeline
   stages, mesh, layers = CASES[case]
   reference = _experiment(1, f"batch:{DEVICES}", layers)
   piped = _experiment(stages, mesh, layers)
   m = piped.model
-  trainer = jax_adapter.JaxTrainer(reference, None)
+  topology = topology_lib.resolve("jax", None)  # this process's 4 devices, no islands
+  trainer = jax_adapter.JaxTrainer(reference, topology)
   weights = trainer.export_variables()
-  pipe = jax_adapter.SYSTEM.build(piped, None)
+  pipe = jax_adapter.SYSTEM.build(piped, topology)
   pipe.load_variables(weights)
   exported = pipe.export_variables()
   batches = list(itertools.islice(data.batches(reference), STEPS))
