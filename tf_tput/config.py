@@ -315,3 +315,28 @@ def _check_one_dim_per_axis(experiment: Experiment, mesh_shape: dict, layout: di
               f"mesh axis {axis!r}, but a tensor has both {dims}; map one of them to "
               "another axis or drop it from the layout")
         on_axis[axis] = name
+
+
+def unpipelined(experiment: Experiment) -> Experiment:
+  """The same model, batch and devices without a pipeline: what a pipeline's numerics
+  are checked against (tf_tput.parity). The stages' devices join the batch axis:
+  'batch:2' per stage x 2 stages becomes 'batch:4'. (Here, not in pipeline.py, which
+  config imports: it builds configs.)"""
+  if not experiment.pipelined:
+    return experiment
+  S = experiment.pipeline.stages
+  axis = experiment.layout.get("batch", "batch")
+  shape = dict(experiment.mesh_shape)
+  shape[axis] = shape.get(axis, 1) * S
+  if experiment.train.global_batch % shape[axis]:
+    raise UsageError(f"the unpipelined twin of {S} stages x mesh "
+                     f"{experiment.mesh.mesh_shape!r} has batch axis {axis!r} of size "
+                     f"{shape[axis]}, which does not divide TrainConfig.global_batch = "
+                     f"{experiment.train.global_batch}; choose a multiple of it")
+  mesh = dataclasses.replace(experiment.mesh, mesh_shape=";".join(
+      f"{name}:{size}" for name, size in shape.items()))
+  # Every field given: gin would fill an omitted one from the pipelined bindings.
+  none = PipelineConfig(stages=1, micro_batches=1, schedule=pipeline.SCHEDULES[0])
+  twin = dataclasses.replace(experiment, mesh=mesh, pipeline=none)
+  validate(twin)
+  return twin

@@ -49,7 +49,7 @@ from absl import app
 from absl import flags
 
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands, processes, tf_workers, topology
+from tf_tput.runtime import islands, processes, tf_workers
 
 FLAGS = flags.FLAGS
 # A command with this argument runs on every worker (MultiWorkerMirroredStrategy);
@@ -138,7 +138,7 @@ def main(argv) -> int:
 
 
 # One island on loopback (the baseline) still has the island axis and reduction.
-ONE_ISLAND_ENV = {topology.NUM_ISLANDS_ENV: "1", topology.ISLAND_ENV: "0"}
+ONE_ISLAND_ENV = {islands.NUM_ISLANDS_ENV: "1", islands.ISLAND_ENV: "0"}
 
 
 def _island_rate(count_flag: str, count: int):

@@ -7,7 +7,7 @@
         --systems=mtf:unpipelined,mtf,jax:unpipelined,jax
 
 Builds each --systems entry from the same gin files (SYSTEM:unpipelined is the same
-model without its pipeline, on the same devices: tf_tput.pipeline.unpipelined), copies
+model without its pipeline, on the same devices: tf_tput.config.unpipelined), copies
 the first entry's initial variables into the others, feeds all the same batches and
 prints each step's losses and their relative difference from the first. Exits 1 when
 step 0 differs by more than --first_step_rtol or any step by more than --rtol: then
@@ -19,7 +19,7 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import config, data, errors, pipeline, systems
+from tf_tput import config, data, errors, systems
 from tf_tput.runtime import topology as topology_lib
 from tf_tput.errors import UsageError
 
@@ -56,7 +56,7 @@ def parse_sides(entries, experiment) -> list:
     if variant and not experiment.pipelined:
       raise UsageError(f"--systems entry {entry!r}: the config has no pipeline; add a "
                        "gin/pipeline/ file or drop the suffix")
-    chosen = pipeline.unpipelined(experiment) if variant else experiment
+    chosen = config.unpipelined(experiment) if variant else experiment
     systems.check_experiment(name, chosen)
     sides.append((entry, name, chosen))
   if len(set(entries)) < len(entries):

@@ -193,29 +193,3 @@ def record_fields(experiment: Experiment) -> dict:
   return {"pipeline_stages": p.stages, "micro_batches": p.micro_batches,
           "schedule": p.schedule if experiment.pipelined else None,
           "bubble_fraction": bubble_fraction(p.stages, p.micro_batches)}
-
-
-def unpipelined(experiment: Experiment) -> Experiment:
-  """The same model, batch and devices without a pipeline: what a pipeline's numerics
-  are checked against (tf_tput.parity). The stages' devices join the batch axis:
-  'batch:2' per stage x 2 stages becomes 'batch:4'."""
-  import dataclasses
-  from tf_tput import config
-  if not experiment.pipelined:
-    return experiment
-  S = experiment.pipeline.stages
-  axis = experiment.layout.get("batch", "batch")
-  shape = dict(experiment.mesh_shape)
-  shape[axis] = shape.get(axis, 1) * S
-  if experiment.train.global_batch % shape[axis]:
-    raise UsageError(f"the unpipelined twin of {S} stages x mesh "
-                     f"{experiment.mesh.mesh_shape!r} has batch axis {axis!r} of size "
-                     f"{shape[axis]}, which does not divide TrainConfig.global_batch = "
-                     f"{experiment.train.global_batch}; choose a multiple of it")
-  mesh = dataclasses.replace(experiment.mesh, mesh_shape=";".join(
-      f"{name}:{size}" for name, size in shape.items()))
-  # Every field given: gin would fill an omitted one from the pipelined bindings.
-  none = config.PipelineConfig(stages=1, micro_batches=1, schedule=SCHEDULES[0])
-  twin = dataclasses.replace(experiment, mesh=mesh, pipeline=none)
-  config.validate(twin)
-  return twin

@@ -1,6 +1,5 @@
 """tf_tput.suite end to end: real child runs, a failure, resuming, Ctrl-C, bad input."""
 
-import json
 import os
 import signal
 import subprocess

@@ -19,11 +19,11 @@ import dataclasses, itertools, json, re
 from tf_tput import config, data
 from tf_tput.runtime import topology as topology_lib
 topo = topology_lib.resolve("jax", 4)
-from tf_tput.systems import jax_adapter
+from tf_tput.systems import jax_trainer
 from tf_tput.systems.jax_islands import JaxIslandTrainer
 e = config.load_experiment(["gin/models/decoder_tiny.gin"], [
     "MeshConfig.mesh_shape = 'batch:4'", "DataConfig.targets_length = 32"])
-flat = jax_adapter.JaxTrainer(e, topo)
+flat = jax_trainer.JaxTrainer(e, topo)
 islands = JaxIslandTrainer(e, dataclasses.replace(topo, islands=2))
 islands.load_variables(flat.export_variables())
 batches = list(itertools.islice(data.batches(e), 10))

@@ -1,10 +1,10 @@
-"""tf_tput/systems/jax_adapter.device_mesh: topology-aware on TPUs, in order elsewhere."""
+"""tf_tput/systems/jax_trainer.device_mesh: topology-aware on TPUs, in order elsewhere."""
 
 import dataclasses
 
 import numpy as np
 
-from tf_tput.systems import jax_adapter
+from tf_tput.systems import jax_trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ def _v4_16(order):
 
 def test_on_tpus_the_inner_mesh_axis_spans_neighbouring_chips():
   scrambled = _v4_16((5, 0, 3, 6, 1, 7, 2, 4))
-  mesh = jax_adapter.device_mesh((2, 4), scrambled)
+  mesh = jax_trainer.device_mesh((2, 4), scrambled)
   assert mesh.shape == (2, 4)
   # Each row (the 4-way inner axis) is one z-plane of the torus, whatever the listing.
   assert [{d.coords[2] for d in row} for row in mesh] == [{0}, {1}]
@@ -39,5 +39,5 @@ def test_on_tpus_the_inner_mesh_axis_spans_neighbouring_chips():
 
 def test_elsewhere_the_listed_order_is_kept():
   cpus = [FakeDevice(i, (0, 0, 0), platform="cpu", device_kind="cpu") for i in range(8)]
-  mesh = jax_adapter.device_mesh((2, 4), cpus)
+  mesh = jax_trainer.device_mesh((2, 4), cpus)
   assert [[d.id for d in row] for row in mesh] == [[0, 1, 2, 3], [4, 5, 6, 7]]

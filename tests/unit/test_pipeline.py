@@ -79,7 +79,7 @@ def test_a_pipelined_mesh_is_one_stage_and_the_unpipelined_twin_has_its_devices(
   e = _experiment("PipelineConfig.stages = 2", "PipelineConfig.micro_batches = 4",
                   "MeshConfig.mesh_shape = 'batch:2'")
   assert e.num_devices == 4 and e.pipelined
-  twin = pipeline.unpipelined(e)
+  twin = config.unpipelined(e)
   assert twin.mesh.mesh_shape == "batch:4" and twin.num_devices == 4
   assert not twin.pipelined and twin.model == e.model and twin.train == e.train
   assert pipeline.record_fields(e) == {"pipeline_stages": 2, "micro_batches": 4,

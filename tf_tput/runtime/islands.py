@@ -35,6 +35,10 @@ from typing import Optional
 from tf_tput.errors import UsageError
 
 ADDRESS_BLOCK = ipaddress.ip_network("198.18.0.0/15")
+# Set by tf_tput.launch --islands for each process it starts: its island and how many
+# there are (runtime/topology.launched_islands reads them).
+ISLAND_ENV = "TF_TPUT_ISLAND"
+NUM_ISLANDS_ENV = "TF_TPUT_NUM_ISLANDS"
 # Namespaces are isolated from the host and from each other's runs: every run can use
 # the same subnet without meeting another.
 SUBNET = ipaddress.ip_network("198.18.0.0/24")
@@ -202,9 +206,8 @@ class IslandNetwork:
 
   def process_env(self, island: Island) -> dict:
     """env() and which island a process started in `island` is in (runtime.topology)."""
-    from tf_tput.runtime import topology
-    return {topology.ISLAND_ENV: str(island.index),
-            topology.NUM_ISLANDS_ENV: str(len(self.islands)), **self.env()}
+    return {ISLAND_ENV: str(island.index), NUM_ISLANDS_ENV: str(len(self.islands)),
+            **self.env()}
 
   def link_bytes(self) -> list:
     """[(bytes sent, bytes received)] of each island's link end, since it was made."""

@@ -3,8 +3,8 @@
 Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks.
 launch(): N copies of a command (JAX processes); each gets TF_TPUT_COORDINATOR
 (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES and TF_TPUT_PROCESS_ID
-(tf_tput.runtime.topology reads them); tf_tput.runtime.tf_workers.launch() starts a TF cluster with
-these helpers. When any process fails, it is named and the others
+(tf_tput.runtime.topology reads them); tf_tput.runtime.tf_workers.launch() starts a
+TF cluster with these helpers. When any process fails, it is named and the others
 are stopped (SIGTERM to its process group, then SIGKILL); Ctrl-C and SIGTERM stop them
 all the same way.
 """
@@ -19,7 +19,10 @@ import subprocess
 import sys
 import time
 
-from tf_tput.runtime import topology
+# Set for each process launch() starts; tf_tput.runtime.topology reads them.
+COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
+NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
+PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)
@@ -160,9 +163,9 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
                 coordinator, procs, interrupted, network, env_of) -> int:
   islands = network.islands if network else []
   for index in range(num_processes):
-    env = dict(os.environ, **{topology.COORDINATOR_ENV: coordinator,
-                              topology.NUM_PROCESSES_ENV: str(num_processes),
-                              topology.PROCESS_ID_ENV: str(index)})
+    env = dict(os.environ, **{COORDINATOR_ENV: coordinator,
+                              NUM_PROCESSES_ENV: str(num_processes),
+                              PROCESS_ID_ENV: str(index)})
     env.update(env_of(index) if env_of else {})
     prefix = []
     if islands:

@@ -17,7 +17,7 @@ import os
 from typing import Optional
 
 from tf_tput.records import provenance
-from tf_tput.runtime import cluster
+from tf_tput.runtime import cluster, islands, processes
 from tf_tput.errors import UsageError
 
 STRATEGIES = ("local", "multi_worker", "tpu")
@@ -52,25 +52,16 @@ class Topology:
              "count": self.num_devices}]
 
 
-# Set by tf_tput.launch for each process it starts.
-COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
-NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
-PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
-# Set by tf_tput.launch --islands: which island (network namespace) a process is in.
-ISLAND_ENV = "TF_TPUT_ISLAND"
-NUM_ISLANDS_ENV = "TF_TPUT_NUM_ISLANDS"
-
-
 def launched_processes() -> tuple:
   """(number of processes, this process's index) as tf_tput.launch set them; (1, 0) alone."""
-  return (int(os.environ.get(NUM_PROCESSES_ENV, "1")),
-          int(os.environ.get(PROCESS_ID_ENV, "0")))
+  return (int(os.environ.get(processes.NUM_PROCESSES_ENV, "1")),
+          int(os.environ.get(processes.PROCESS_ID_ENV, "0")))
 
 
 def launched_islands() -> int:
   """How many islands tf_tput.launch --islands split the processes into (1: one
   island, its processes on loopback, still with an island axis); 0 without --islands."""
-  return int(os.environ.get(NUM_ISLANDS_ENV, "0"))
+  return int(os.environ.get(islands.NUM_ISLANDS_ENV, "0"))
 
 
 def check_strategy(system: str, strategy: str, experiment,
@@ -148,7 +139,6 @@ def _on_this_host(address: str) -> bool:
   if address.startswith(("127.", "localhost:", "[::1]")):
     return True
   import ipaddress
-  from tf_tput.runtime import islands
   host = address.rsplit(":", 1)[0]
   try:
     return launched_islands() > 0 and ipaddress.ip_address(host) in islands.ADDRESS_BLOCK
@@ -239,7 +229,7 @@ def _resolve_jax(num_cpu_devices: Optional[int]) -> Topology:
   if num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # 127.0.0.1:port, or island 0's address inside the islands tf_tput.launch made
-    coordinator = os.environ[COORDINATOR_ENV]
+    coordinator = os.environ[processes.COORDINATOR_ENV]
     jax.distributed.initialize(coordinator_address=coordinator,
                                coordinator_bind_address=coordinator,
                                num_processes=num_processes, process_id=process_id)

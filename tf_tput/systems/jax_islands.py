@@ -20,10 +20,10 @@ parameters and Adafactor state are replicated.
 import numpy as np
 
 from tf_tput import models
-from tf_tput.systems import jax_adapter
+from tf_tput.systems import jax_trainer
 
 
-class JaxIslandTrainer(jax_adapter.JaxTrainer):
+class JaxIslandTrainer(jax_trainer.JaxTrainer):
   """JaxTrainer's interface; only the mesh and the step's reduction differ."""
 
   def __init__(self, experiment, topology):  # noqa: super().__init__ builds a flat mesh

@@ -1,4 +1,4 @@
-"""The JAX twin of the model tf_tput/systems/mtf.py builds with mesh_tensorflow.transformer.
+"""The JAX twin of the model tf_tput/systems/mtf_model.py builds with mesh_tensorflow.transformer.
 
 Pure functions over a flat dict of float32 arrays named and shaped exactly as
 tf_tput.models.variables (mtf's variable names), so that weights exported from the mtf
@@ -239,7 +239,7 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
   targets_sequence_id = (jnp.asarray(batch["targets_segmentation"], jnp.int32)
                          if "targets_segmentation" in batch else jnp.minimum(targets, 1))
   decoder_inputs = autoregressive_inputs(targets, targets_sequence_id)
-  if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf.py)
+  if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf_model.py)
     embedding = p["decoder/embedding"]
     x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain, m.embedding),
                targets_sequence_id, m, constrain, causal=True)

@@ -51,7 +51,7 @@ import numpy as np
 
 from tf_tput import models, pipeline
 from tf_tput.config import mesh_size
-from tf_tput.systems.jax_adapter import device_mesh, local_peak_bytes, partition_spec
+from tf_tput.systems.jax_trainer import device_mesh, local_peak_bytes, partition_spec
 
 STAGE = "stage"
 STACK = "decoder"

@@ -1,7 +1,7 @@
 """The TF baseline's model, as mesh_tensorflow.transformer builds it: one mtf graph
 from the gin model, its loss, mtf's Adafactor updates, and how the mesh is lowered.
 
-Shared by the Session trainer (systems/mtf.py) and the Cloud TPU trainer
+Shared by the Session trainer (systems/mtf_trainer.py) and the Cloud TPU trainer
 (systems/mtf_tpu.py), so both train exactly the same graph.
 """
 

@@ -23,7 +23,7 @@ import copy
 from tf_tput import compat, pipeline
 from tf_tput.runtime import islands
 from tf_tput.systems import mtf_model
-from tf_tput.systems.mtf import MtfTrainer
+from tf_tput.systems.mtf_trainer import MtfTrainer
 
 mtf, _ = compat.import_mtf()
 

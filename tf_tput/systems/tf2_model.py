@@ -1,4 +1,4 @@
-"""The TensorFlow 2 twin of the model tf_tput/systems/mtf.py builds with mesh_tensorflow.
+"""The TensorFlow 2 twin of the model tf_tput/systems/mtf_model.py builds with mesh_tensorflow.
 
 A function-by-function port of tf_tput/systems/jax_model.py (which is checked against
 mesh_tensorflow.transformer itself) to plain TF2 ops: functions over a flat dict of
@@ -221,7 +221,7 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
     denominator = int(np.prod(targets.shape))
   targets_sequence_id = _sequence_id(batch, "targets", targets)
   decoder_inputs = autoregressive_inputs(targets, targets_sequence_id)
-  if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf.py)
+  if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/mtf_model.py)
     embedding = p["decoder/embedding"]
     x = _stack(p, "decoder", _embed(embedding, decoder_inputs, m.embedding),
                targets_sequence_id, m, causal=True)
