@@ -1,10 +1,19 @@
 """Shared by every test directory (pytest puts this directory on sys.path)."""
 
+import signal
 import time
 
 import pytest
 
 import process_checks
+
+
+# Tests of Ctrl-C send SIGINT to the entry points (and to pytest itself) and expect
+# KeyboardInterrupt. A shell starts a background job (`cmd &`, nohup) with SIGINT
+# ignored, children inherit that, and Python then installs no KeyboardInterrupt
+# handler: those tests would test the launcher, not tf_tput. A Python handler here
+# is reset to the default on exec, so every child gets Python's usual one again.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
@@ -34,6 +43,13 @@ LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
 ALONE_FILES = {"test_micro_cli.py", "test_micro_tf.py"}
 
 
+# Files whose module-scoped fixture trains models that every test in the file reads
+# (one subprocess run for all cases). Under xdist each worker that gets one of their
+# tests builds the fixture again (1-2 minutes each), so each file runs in one worker.
+SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
+                        "test_jax_islands.py"}
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "alone: run without other tests beside it "
                           "(scripts/test.sh runs these after the parallel part)")
@@ -43,5 +59,7 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if item.path.name in LOOPBACK_PORT_FILES:
       item.add_marker(pytest.mark.xdist_group("loopback_ports"))
+    elif item.path.name in SHARED_FIXTURE_FILES:
+      item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if item.path.name in ALONE_FILES:
       item.add_marker(pytest.mark.alone)
