@@ -92,9 +92,10 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
   with open(log_path, "wb") as log:
     log.write(("$ " + " ".join(command) + "\n").encode())
     log.flush()
-    # Its own session: Ctrl-C reaches the suite only, which stops the child's group.
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Its own session: Ctrl-C reaches the suite only, which stops the child's group;
+    # if the suite is killed outright, the child gets SIGTERM (processes.popen).
+    child = processes.popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
     try:
       code = child.wait(timeout=FLAGS.run_timeout_s)
     except subprocess.TimeoutExpired:
