@@ -1,0 +1,88 @@
+"""tf_tput's imports go one way (docs/design.md, "Package layout"): no module imports
+one that imports it back, directly or through others, at the top or inside a function.
+Imports under `if TYPE_CHECKING:` are for annotations only and do not count."""
+
+import ast
+import pathlib
+
+from tf_tput import REPO_ROOT
+
+PACKAGE = pathlib.Path(REPO_ROOT) / "tf_tput"
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_lines(tree: ast.AST) -> set:
+  lines = set()
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"):
+      for child in node.body:
+        lines.update(range(child.lineno, child.end_lineno + 1))
+  return lines
+
+
+def _imports(path: pathlib.Path, modules: set) -> set:
+  """The tf_tput modules this file imports (`from tf_tput.x import y` counts as
+  tf_tput.x.y when that is a module, else as tf_tput.x)."""
+  tree = ast.parse(path.read_text())
+  skipped, out = _type_checking_lines(tree), set()
+  for node in ast.walk(tree):
+    if getattr(node, "lineno", None) in skipped:
+      continue
+    if isinstance(node, ast.Import):
+      out.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for alias in node.names:
+        child = f"{node.module}.{alias.name}"
+        out.add(child if child in modules else node.module)
+  return {name for name in out if name in modules}
+
+
+def _cycles(graph: dict) -> list:
+  """Strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in graph:
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+  paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  modules = set(paths)
+  graph = {name: _imports(path, modules) - {name} for name, path in paths.items()}
+  assert graph["tf_tput.systems.mtf"] == {"tf_tput.errors", "tf_tput.systems.mtf_tpu",
+                                          "tf_tput.systems.mtf_pipeline",
+                                          "tf_tput.systems.mtf_trainer"}
+  assert _cycles(graph) == []
