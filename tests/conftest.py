@@ -55,6 +55,9 @@ def pytest_configure(config):
                           "(scripts/test.sh runs these after the parallel part)")
 
 
+# tryfirst: xdist's own hook turns xdist_group marks into the node-id suffix its
+# loadgroup scheduler reads; marks added after it have no effect.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
   for item in items:
     if item.path.name in LOOPBACK_PORT_FILES:

@@ -247,7 +247,7 @@ def _check_matches_mtf(gin_files, gin_params):
 
   from tf_tput import data
   from tf_tput.runtime import topology
-  from tf_tput.systems import mtf as mtf_system
+  from tf_tput.systems import mtf_trainer
 
   params = ["TrainConfig.global_batch = 4", "DataConfig.inputs_length = 16",
             "DataConfig.targets_length = 16", *gin_params]
@@ -255,7 +255,7 @@ def _check_matches_mtf(gin_files, gin_params):
   model = experiment.model
   # mtf accepts the empty device string repeated: no virtual devices are needed.
   topo = topology.Topology("tf", "cpu", ("",) * 4, "cpu")
-  trainer = mtf_system.MtfTrainer(experiment, topo)
+  trainer = mtf_trainer.MtfTrainer(experiment, topo)
   try:
     assert trainer.num_params == models.num_params(model)
     # Names and shapes of mtf's master variables (the per-device "_slice_" copies
