@@ -108,3 +108,23 @@ def test_one_process_and_tf_clusters_probe_without_a_barrier(monkeypatch):
                             strategy="multi_worker")):
     events, result = _probe_order(monkeypatch, topology, probes=True)
     assert events == ["peak float32"] and result == (7.0, "measured: fake")
+
+
+def test_a_measured_peak_is_probed_again_and_the_higher_kept(monkeypatch):
+  from tf_tput.runtime.topology import Topology
+  one = Topology("jax", "cpu", ("a",), "Test CPU")
+  again = []
+  monkeypatch.setattr(peak_lib, "peak", lambda t, d: again.append(d) or
+                      (200e9, "measured: after"))
+  best, source = peak_lib.reprobed(one, "float32", (100e9, "measured: before"))
+  assert (best, again) == (200e9, ["float32"])
+  assert source.startswith("measured: after;") and "100 and 200 GFLOP/s" in source
+  best, source = peak_lib.reprobed(one, "float32", (300e9, "measured: before"))
+  assert best == 300e9 and source.startswith("measured: before;")
+  # Table peaks, unprobed processes and launched processes keep the first probe.
+  launched = Topology("jax", "cpu", ("a", "b"), "Test CPU", num_processes=2)
+  for topology, first in ((one, (61.5e12, "table:tpu_v3:bfloat16")),
+                          (one, (None, peak_lib.NOT_PROBED)),
+                          (launched, (100e9, "measured: before"))):
+    again.clear()
+    assert peak_lib.reprobed(topology, "float32", first) == first and again == []
