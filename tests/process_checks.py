@@ -20,8 +20,17 @@ def new_mark() -> str:
 
 
 def left_running(since: float, mark: str, settle_s: float = 1.0) -> list:
-  """'pid name cmdline' of each process the marked run left alive."""
-  time.sleep(settle_s)  # a SIGKILLed process needs a moment to be reaped
+  """'pid name cmdline' of each process the marked run left alive, still alive after
+  settle_s (a SIGKILLed process needs a moment to be reaped); [] at once if none is."""
+  deadline = time.monotonic() + settle_s
+  while True:
+    found = _alive(since, mark)
+    if not found or time.monotonic() >= deadline:
+      return found
+    time.sleep(0.1)
+
+
+def _alive(since: float, mark: str) -> list:
   me = psutil.Process()
   mine = {p.pid for p in me.children(recursive=True)}
   found = []

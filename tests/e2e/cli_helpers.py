@@ -22,11 +22,12 @@ def error_lines(stderr: str) -> list:
 
 
 class Launched:
-  """tf_tput.launch in the background, its stderr collected line by line."""
+  """An entry point (tf_tput.launch unless named) in the background, its stderr
+  collected line by line."""
 
-  def __init__(self, args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
-    self.proc = subprocess.Popen([sys.executable, "-m", "tf_tput.launch", *args], cwd=REPO,
+  def __init__(self, args, module: str = "tf_tput.launch", env=None):
+    env = env or dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO,
                                  env=env, stderr=subprocess.PIPE, text=True)
     self.lines = []
     self._reader = threading.Thread(target=self._read, daemon=True)

@@ -43,7 +43,7 @@ def test_t5_tiny_trains_on_2x2_mesh(tmp_path):
 
 def test_sync_every_2_is_recorded(tmp_path):
   out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
+  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/decoder_tiny.gin",
                  "--gin_param=TrainConfig.sync_every=2", "--steps=4", "--warmup_steps=2",
                  f"--results={out}")
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import process_checks
 from tf_tput import micro
 from tf_tput.records import results
 
-from cli_helpers import REPO, error_lines, run_cli
+from cli_helpers import REPO, Launched, error_lines, run_cli
 
 FAST = ["--hosts=2", "--devices_per_host=2", "--chain_length=8", "--computations=16",
         "--repeats=1", "--timeout_s=120"]
@@ -40,18 +42,12 @@ def _ray_installed() -> bool:
   return micro.system_module("ray").unavailable() is None
 
 
-def test_every_system_and_mode_runs_checks_and_cleans_up(tmp_path):
-  env, since = _marked_env(), time.time() - 1.0
-  out = tmp_path / "micro.jsonl"
-  proc = _micro("--systems=tf,jax,ray", *FAST, f"--results={out}", env=env)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  one_host = _micro("--systems=jax", *FAST, "--hosts=1", f"--results={out}", env=env)
-  assert one_host.returncode == 0, one_host.stderr[-3000:]
+def _check_records(out, systems_modes_hosts: int):
   records = [json.loads(line) for line in out.read_text().splitlines()]
   for record in records:
     results.validate(record)
   by_key = {(r["system"], r["mode"], r["hosts"]): r for r in records}
-  assert len(by_key) == 3 * 3 + 3 == len(records)
+  assert len(by_key) == systems_modes_hosts == len(records)
   for (system, mode, hosts), r in by_key.items():
     if system == "jax" and mode == "chained":
       assert r["status"] == "not_applicable"
@@ -61,10 +57,31 @@ def test_every_system_and_mode_runs_checks_and_cleans_up(tmp_path):
       assert r["status"] == "ok", r
       assert r["computations_per_sec"] > 0 and len(r["repeats"]) == 1
       assert r["hosts"] * r["devices_per_host"] == 2 * hosts
+
+
+@pytest.mark.alone  # TF's gRPC servers (tests/conftest.py)
+def test_tf_runs_every_mode_at_two_hosts_checks_and_cleans_up(tmp_path):
+  env, since = _marked_env(), time.time() - 1.0
+  out = tmp_path / "micro.jsonl"
+  proc = _micro("--systems=tf", *FAST, f"--results={out}", env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  _check_records(out, 3)
+  assert _left_running(env, since) == []
+
+
+def test_jax_and_ray_run_every_mode_check_and_clean_up(tmp_path):
+  env, since = _marked_env(), time.time() - 1.0
+  out = tmp_path / "micro.jsonl"
+  proc = _micro("--systems=jax,ray", *FAST, f"--results={out}", env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  one_host = _micro("--systems=jax", *FAST, "--hosts=1", f"--results={out}", env=env)
+  assert one_host.returncode == 0, one_host.stderr[-3000:]
+  _check_records(out, 2 * 3 + 3)
   assert "bare loop" in one_host.stdout  # printed beside one-host runs
   assert _left_running(env, since) == []
 
 
+@pytest.mark.alone
 def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
   out = tmp_path / "micro.jsonl"
   proc = run_cli("tf_tput.micro", "--systems=tf,jax", "--modes=opbyop", "--hosts=1",
@@ -89,21 +106,18 @@ def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
   assert any(line.startswith("matmul sizing: ") for line in proc.stdout.splitlines())
 
 
+@pytest.mark.alone
 def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
   env, since = _marked_env(), time.time() - 1.0
   out = tmp_path / "micro.jsonl"
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tf_tput.micro", "--systems=jax,tf", "--modes=opbyop",
-       "--hosts=1,2", "--computations=100000", "--chain_length=1", "--repeats=50",
-       f"--results={out}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
-  try:
-    time.sleep(15)  # hosts are up and computing
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
+  micro_run = Launched(["--systems=jax,tf", "--modes=opbyop", "--hosts=1,2",
+                        "--computations=100000", "--chain_length=1", "--repeats=50",
+                        f"--results={out}"], module="tf_tput.micro", env=env)
+  micro_run.wait_for("jax opbyop, 1 host(s)")  # the first run has begun
+  time.sleep(3)  # its host is up and computing
+  micro_run.proc.send_signal(signal.SIGINT)
+  stderr = micro_run.finish(timeout=60)
+  proc = micro_run.proc
   assert proc.returncode == 130, stderr[-2000:]
   assert len(error_lines(stderr)) == 1 and "interrupted" in error_lines(stderr)[0]
   for line in out.read_text().splitlines() if out.exists() else []:

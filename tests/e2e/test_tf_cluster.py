@@ -24,7 +24,7 @@ from cli_helpers import REPO, Launched, error_lines, run_cli
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 TRAIN = ["--", sys.executable, "-m", "tf_tput.train", "--system=mtf",
-         "--strategy=multi_worker", "--gin_file=gin/models/t5_tiny.gin",
+         "--strategy=multi_worker", "--gin_file=gin/models/decoder_tiny.gin",
          "--gin_param=TrainConfig.global_batch = 4", "--warmup_steps=1"]
 LAUNCH_2X2 = ["--num_workers=2", "--devices_per_worker=2", "--grace_s=2"]
 MESH_2X2 = "--gin_file=gin/mesh/data2_model2.gin"

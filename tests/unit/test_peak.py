@@ -1,6 +1,7 @@
 """tf_tput/measure/peak.py: the accelerator peak table and the CPU matmul probe."""
 
 import math
+import time
 
 import pytest
 
@@ -55,6 +56,18 @@ def test_measure_matmul_peak_with_fake_runner():
   assert len(calls) == 4   # one warm-up call, then the timed repeats
   assert rate > 0
   assert math.isfinite(rate)
+
+
+def test_a_slow_matmul_is_timed_min_repeats_times_within_the_budget():
+  calls = []
+  def runner():
+    calls.append(None)
+    time.sleep(0.02)
+  peak_lib.measure_matmul_peak(runner, n=64, repeats=10, budget_s=0.03, min_repeats=3)
+  assert len(calls) == 1 + 3
+  calls.clear()
+  peak_lib.measure_matmul_peak(runner, n=64, repeats=5, budget_s=10.0)
+  assert len(calls) == 1 + 5  # a fast one runs every repeat
 
 
 def test_the_probe_checks_its_matmul_of_ones():

@@ -55,14 +55,21 @@ def table_peak(device_kind: str, dtype: str) -> tuple:
 
 
 def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZE,
-                        repeats: int = 10) -> float:
-  """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done."""
+                        repeats: int = 10, budget_s: float = 1.0,
+                        min_repeats: int = 3) -> float:
+  """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done.
+  Stops after min_repeats once the timed matmuls have taken budget_s: where one takes
+  0.1 s (float32 here) all 10 run, where it takes 1 s (bfloat16 without native
+  instructions) 3 do, instead of 10 s per probe in every run."""
   run_matmul()  # first call compiles / allocates
-  best = float("inf")
-  for _ in range(repeats):
+  best, spent = float("inf"), 0.0
+  for done in range(1, repeats + 1):
     start = time.perf_counter()
     run_matmul()
-    best = min(best, time.perf_counter() - start)
+    took = time.perf_counter() - start
+    best, spent = min(best, took), spent + took
+    if done >= min_repeats and spent >= budget_s:
+      break
   return 2 * n ** 3 / best
 
 
