@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.skipif(islands.missing() is not None,
 
 # Each child checks where it is, then behaves as its process id says.
 CHILD = r"""
-import os, socket, sys, time
+import os, signal, socket, sys, time
+if sys.argv[1] == "stubborn":  # as a JAX process does: jax.distributed takes SIGTERM
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
 index = int(os.environ["TF_TPUT_PROCESS_ID"])
 island = int(os.environ["TF_TPUT_ISLAND"])
 assert island == index * 2 // 4 and os.environ["TF_TPUT_NUM_ISLANDS"] == "2"
@@ -92,7 +94,10 @@ def _pid_of(stderr: str) -> str:
 def test_a_stopped_launcher_leaves_no_namespace(sig):
   before = islands.list_namespaces()
   env = dict(os.environ, PYTHONPATH=str(REPO))
-  launcher = subprocess.Popen(_launch("wait"), cwd=REPO, env=env,
+  # Killed outright, the launcher cannot escalate to SIGKILL: its children must die
+  # with it even when they ignore SIGTERM (no_leftover_processes checks).
+  behaviour = "stubborn" if sig == signal.SIGKILL else "wait"
+  launcher = subprocess.Popen(_launch(behaviour), cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     for _ in range(4):

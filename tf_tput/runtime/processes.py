@@ -38,9 +38,14 @@ class StartError(OSError):
 
 
 def _die_with_parent() -> None:
-  """In the child: receive SIGTERM if the launcher dies, even by SIGKILL (Linux)."""
+  """In the child: be killed if the launcher dies, even by SIGKILL (Linux).
+
+  SIGKILL, not SIGTERM: a dead launcher cannot escalate after a grace period, and a
+  process of a jax.distributed run ignores SIGTERM (its preemption notifier takes
+  it); one blocked in a collective whose peer is gone would otherwise run forever.
+  The launcher's own stop() still sends SIGTERM first."""
   if sys.platform.startswith("linux"):
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def log_tail(path, lines: int, empty: str) -> str:

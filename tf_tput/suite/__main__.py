@@ -93,7 +93,7 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
     log.write(("$ " + " ".join(command) + "\n").encode())
     log.flush()
     # Its own session: Ctrl-C reaches the suite only, which stops the child's group;
-    # if the suite is killed outright, the child gets SIGTERM (processes.popen).
+    # if the suite is killed outright, the child is killed too (processes.popen).
     child = processes.popen(command, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     try:
