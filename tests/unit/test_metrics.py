@@ -88,3 +88,12 @@ def test_summarize_nothing_measured(tiny_experiment):
               "padded_tokens_per_step", "model_tflops_per_sec", "mfu"):
     assert s[key] is None, key
   assert s["step_time_s"] == {k: None for k in STAT_KEYS}
+
+
+def test_tf_gpu_peak_bytes_sums_the_gpus_and_is_none_without():
+  import types
+  peaks = {"GPU:0": 3, "GPU:1": 4}
+  experimental = types.SimpleNamespace(get_memory_info=lambda name: {"peak": peaks[name]})
+  tf = types.SimpleNamespace(config=types.SimpleNamespace(experimental=experimental))
+  assert metrics.tf_gpu_peak_bytes(tf, ["GPU:0", "GPU:1"]) == 7
+  assert metrics.tf_gpu_peak_bytes(tf, []) is None

@@ -9,6 +9,7 @@ import time
 from typing import Optional
 
 from tf_tput import compat, errors
+from tf_tput.measure import metrics
 from tf_tput.runtime import cluster, islands
 from tf_tput.systems import mtf_model
 
@@ -143,11 +144,7 @@ class MtfTrainer:
     self._session.run(self._copy_masters_to_slices)
 
   def device_memory_bytes(self) -> Optional[int]:
-    """Peak bytes allocated on the GPUs; None on CPUs, where TF does not report it."""
-    if not self._gpu_names:
-      return None
-    return sum(self._tf.config.experimental.get_memory_info(name)["peak"]
-               for name in self._gpu_names)
+    return metrics.tf_gpu_peak_bytes(self._tf, self._gpu_names)
 
   def close(self) -> None:
     if self._workers:  # a cluster's session may wait forever on a lost worker

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models
+from tf_tput.measure import metrics
 from tf_tput.errors import UsageError
 
 
@@ -158,11 +159,7 @@ class Tf2Trainer:
     return {name: np.asarray(self._vars[name].numpy()) for name in self._names}
 
   def device_memory_bytes(self) -> Optional[int]:
-    """Peak bytes allocated on the GPUs; None on CPUs, where TF does not report it."""
-    if not self._gpu_names:
-      return None
-    return sum(self._tf.config.experimental.get_memory_info(name)["peak"]
-               for name in self._gpu_names)
+    return metrics.tf_gpu_peak_bytes(self._tf, self._gpu_names)
 
   def close(self) -> None:
     self._vars = self._slots = self._train_step = None
