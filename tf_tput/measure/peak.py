@@ -59,8 +59,8 @@ def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZ
                         min_repeats: int = 3) -> float:
   """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done.
   Stops after min_repeats once the timed matmuls have taken budget_s: where one takes
-  0.1 s (float32 here) all 10 run, where it takes 1 s (bfloat16 without native
-  instructions) 3 do, instead of 10 s per probe in every run."""
+  0.1 s (float32 on 2 cores) all 10 run; where one takes a second (bfloat16 without
+  native instructions can be that slow) 3 do, since every run probes, twice."""
   run_matmul()  # first call compiles / allocates
   best, spent = float("inf"), 0.0
   for done in range(1, repeats + 1):
