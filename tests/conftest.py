@@ -38,7 +38,7 @@ LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
 # The TF micro-benchmarks time gRPC calls to local tf.distribute servers; once, with
 # the other xdist worker loading the cores, a server aborted "The same RunGraph
 # request was received twice" (a gRPC-level repeat of the call). scripts/test.sh runs
-# them alone, after the parallel part: this file's tests, and those of
+# them alone, after the parallel part: test_micro_tf.py's tests, and those of
 # test_micro_cli.py that start TF servers (marked `alone` there). (The "half a sum"
 # checks seen then were a real bug, now fixed: the matmul term cast corner / n =
 # 0.99999994 to 0.)

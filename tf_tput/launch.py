@@ -133,7 +133,9 @@ def main(argv) -> int:
       return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
                               FLAGS.timeout_s)
     return _in_islands(command)
-  except (processes.StartError, UsageError) as e:
+  except processes.StartError as e:
+    return _usage(f"{e}; check the command after --")
+  except UsageError as e:
     return _usage(str(e))
 
 

@@ -364,8 +364,9 @@ def run() -> int:
   outcome = _train(system, experiment, topology, writes_record, run_id)
   if not writes_record:
     return 1 if outcome.measurement.error else 0
-  peak, peak_source = peak_lib.reprobed(topology, experiment.model.activation_dtype,
-                                        (peak, peak_source))
+  if not outcome.measurement.error:  # a failed run's record goes out as it is
+    peak, peak_source = peak_lib.reprobed(topology, experiment.model.activation_dtype,
+                                          (peak, peak_source))
   summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices, peak)
   return _report(_record(experiment, topology, outcome, summary, peak_source, started_at,
                          run_id, run_key), malformed)

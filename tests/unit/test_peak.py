@@ -134,10 +134,22 @@ def test_a_measured_peak_is_probed_again_and_the_higher_kept(monkeypatch):
   assert source.startswith("measured: after;") and "100 and 200 GFLOP/s" in source
   best, source = peak_lib.reprobed(one, "float32", (300e9, "measured: before"))
   assert best == 300e9 and source.startswith("measured: before;")
-  # Table peaks, unprobed processes and launched processes keep the first probe.
+  # Table peaks, unprobed processes, launched processes and clusters keep the first.
   launched = Topology("jax", "cpu", ("a", "b"), "Test CPU", num_processes=2)
+  cluster_of_one = Topology("tf", "cpu", ("a",), "Test CPU", session_target="grpc://w:1")
   for topology, first in ((one, (61.5e12, "table:tpu_v3:bfloat16")),
                           (one, (None, peak_lib.NOT_PROBED)),
-                          (launched, (100e9, "measured: before"))):
+                          (launched, (100e9, "measured: before")),
+                          (cluster_of_one, (100e9, "measured: before"))):
     again.clear()
     assert peak_lib.reprobed(topology, "float32", first) == first and again == []
+
+
+def test_a_failing_second_probe_keeps_the_first(monkeypatch):
+  from tf_tput.runtime.topology import Topology
+  def broken(topology, dtype):
+    raise RuntimeError("the matmul of ones gave 0")
+  monkeypatch.setattr(peak_lib, "peak", broken)
+  first = (100e9, "measured: before")
+  assert peak_lib.reprobed(Topology("jax", "cpu", ("a",), "Test CPU"), "float32",
+                           first) == first

@@ -57,7 +57,8 @@ def table_peak(device_kind: str, dtype: str) -> tuple:
 def measure_matmul_peak(run_matmul: Callable[[], None], n: int = MATMUL_PEAK_SIZE,
                         repeats: int = 10, budget_s: float = 1.0,
                         min_repeats: int = 3) -> float:
-  """FLOP/s of the fastest of `repeats` n x n matmuls; run_matmul blocks until done.
+  """FLOP/s of the fastest of up to `repeats` n x n matmuls; run_matmul blocks until
+  done.
   Stops after min_repeats once the timed matmuls have taken budget_s: where one takes
   0.1 s (float32 on 2 cores) all 10 run; where one takes a second (bfloat16 without
   native instructions can be that slow) 3 do, since every run probes, twice."""
@@ -138,12 +139,18 @@ def reprobed(topology, dtype: str, first: tuple) -> tuple:
   """A measured CPU peak, probed again after the run and the higher kept. A VM's
   cores can be slower for a second or two (seen here: 112 GFLOP/s, then 212 a minute
   later and in the same run's steps), and a low peak inflates MFU, past 100% at
-  worst. Table peaks, unprobed processes and launched processes (whose peers may
-  still be computing) keep the first. Returns (peak per device, peak_source)."""
+  worst. Table peaks, unprobed processes, launched processes (whose peers may still
+  be computing) and TF clusters (a lost worker would hang a new Session) keep the
+  first, as does a probe that fails: the record matters more. Returns (peak per
+  device, peak_source)."""
   value, source = first
-  if value is None or not source.startswith("measured") or topology.num_processes > 1:
+  if (value is None or not source.startswith("measured") or topology.num_processes > 1
+      or topology.session_target or topology.workers):
     return first
-  again, again_source = peak(topology, dtype)
+  try:
+    again, again_source = peak(topology, dtype)
+  except Exception:  # pylint: disable=broad-except
+    return first
   best, best_source = max(first, (again, again_source), key=lambda p: p[0])
   return best, (f"{best_source}; the higher of two probes, before and after the run "
                 f"({value / 1e9:.0f} and {again / 1e9:.0f} GFLOP/s per device)")

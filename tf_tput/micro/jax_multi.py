@@ -60,7 +60,7 @@ def run(spec: Spec, bare: bool = False) -> list:
 
 
 def _run_one(command: list, timeout_s: float) -> int:
-  proc = processes.popen(command)  # its own group; SIGTERM if this process dies
+  proc = processes.popen(command)  # its own group; killed if this process dies
   try:
     return proc.wait(timeout=timeout_s)
   except subprocess.TimeoutExpired:

@@ -36,7 +36,8 @@ from tf_tput.errors import UsageError
 
 ADDRESS_BLOCK = ipaddress.ip_network("198.18.0.0/15")
 # Set by tf_tput.launch --islands for each process it starts: its island and how many
-# there are (runtime/topology.launched_islands reads them).
+# there are (runtime/topology.launched_islands reads the count; the index is for the
+# process and its logs).
 ISLAND_ENV = "TF_TPUT_ISLAND"
 NUM_ISLANDS_ENV = "TF_TPUT_NUM_ISLANDS"
 # Namespaces are isolated from the host and from each other's runs: every run can use

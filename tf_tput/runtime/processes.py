@@ -116,8 +116,7 @@ def popen(command: list, die_with_parent: bool = True, **kwargs) -> subprocess.P
                             preexec_fn=_die_with_parent if die_with_parent else None,
                             **kwargs)
   except OSError as e:
-    raise StartError(f"cannot start {command[0]!r}: {e.strerror}; check the "
-                     "command after --") from None
+    raise StartError(f"cannot start {command[0]!r}: {e.strerror}") from None
 
 
 @contextlib.contextmanager
