@@ -79,9 +79,10 @@ class MtfPipelineTrainer(MtfTrainer):
     self.stage_devices = pipeline.stage_devices(topology.devices, S)
     self.mesh_impls = [mtf.placement_mesh_impl.PlacementMeshImpl(shape, layout, devices)
                        for devices in self.stage_devices]
-    # The unpipelined decoder supplies its dimensions, its layer objects (named
-    # block_XXX/layer_YYY) and its loss; the stages call those pieces themselves,
-    # since the decoder's own call would build everything on one mesh.
+    # The unpipelined decoder supplies its dimensions, its layer objects (mtf names
+    # them block_000/layer_000, block_000/layer_001, ...) and its loss; the stages
+    # call those pieces themselves, since the decoder's own call would build
+    # everything on one mesh.
     model = mtf_model._unitransformer(mtf_t, experiment, "decoder", True, False,
                                       d.targets_length, m.vocab_size)
     stack = model.layer_stack
