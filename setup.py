@@ -1,8 +1,9 @@
 """tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
 
 Install for development with `pip install -e ".[test,jax,ray]"`; scripts/bench.sh and
-scripts/test.sh do it for you in .venv. The gin/ files are read from the source tree,
-so install in editable mode.
+scripts/test.sh do it for you in .venv. The gin files (tf_tput/gin/: models, mesh,
+pipeline, suites) are package data, so a plain `pip install .` or a wheel ships them
+too (tests/e2e/test_wheel_install.py builds and installs one).
 """
 
 from setuptools import find_packages, setup
@@ -13,6 +14,8 @@ setup(
     description="Comparative training-throughput benchmarks: Mesh TensorFlow baseline "
                 "and other systems on the same gin-configured models",
     packages=find_packages(include=["tf_tput", "tf_tput.*"]),
+    # gin/ has no __init__.py: its files ride along as data of the tf_tput package.
+    package_data={"tf_tput": ["gin/*/*.gin"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
         # tensorflow-cpu: CI and these machines have no accelerator. On a GPU host,

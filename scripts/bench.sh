@@ -31,7 +31,7 @@ while read -r model mesh devices steps warmup systems; do
     for system in ${systems//,/ }; do
       echo "== $model $dtype $system" >&2
       .venv/bin/python -m tf_tput.train --system="$system" \
-        --gin_file="gin/models/$model.gin" --gin_file="gin/mesh/$mesh.gin" \
+        --gin_file="$model" --gin_file="$mesh" \
         --gin_param="ModelConfig.activation_dtype = '$dtype'" \
         --global_batch=8 --gin_param="DataConfig.inputs_length = 128" \
         --gin_param="DataConfig.targets_length = 128" \

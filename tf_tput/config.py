@@ -1,8 +1,8 @@
 """Experiment configuration: gin-configurable frozen dataclasses, validated early.
 
-Gin files under gin/ bind these classes and nothing else, so every system reads the
-same model truth. Validation needs no ML framework: a wrong binding, a mesh that does
-not match the devices or a dimension its mesh axis does not divide fails in
+Gin files under tf_tput/gin/ bind these classes and nothing else, so every system
+reads the same model truth. Validation needs no ML framework: a wrong binding, a mesh
+that does not match the devices or a dimension its mesh axis does not divide fails in
 milliseconds, before TensorFlow or JAX start.
 """
 
@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, REPO_ROOT
+from tf_tput import GIN_DIR, PACKAGE_DIR
 from tf_tput import errors, models, pipeline
 from tf_tput.errors import UsageError
 
@@ -161,13 +161,31 @@ def mesh_size(mesh_shape: dict) -> int:
   return size
 
 
+# GIN_DIR's folders, where a bare file name (t5_small, data2_model2) is looked up.
+GIN_FOLDERS = ("models", "mesh", "pipeline", "suites")
+
+
 def resolve_gin_file(name: str) -> pathlib.Path:
-  """A gin file path as given, else relative to the repository, else under gin/."""
-  for candidate in (pathlib.Path(name), REPO_ROOT / name, GIN_DIR / name):
+  """The gin file `name` names, the first of: the path as given (relative to the
+  current directory, or absolute); relative to the package directory (the legacy
+  gin/models/t5_small.gin, from any directory); under GIN_DIR (models/t5_small.gin);
+  a bare file name, .gin optional (t5_small, s4_m16.gin), in one of GIN_FOLDERS.
+  UsageError (one line) when nothing matches or a bare name is in several folders."""
+  for candidate in (pathlib.Path(name), PACKAGE_DIR / name, GIN_DIR / name):
     if candidate.is_file():
       return candidate.resolve()
-  raise UsageError(f"gin file {name!r} not found (looked in the current directory, "
-                   f"{REPO_ROOT} and {GIN_DIR}); pass e.g. gin/models/t5_small.gin")
+  stem = name[:-len(".gin")] if name.endswith(".gin") else name
+  if stem and pathlib.Path(name).name == name:  # a bare file name, no folder
+    matches = [f"{folder}/{stem}.gin" for folder in GIN_FOLDERS
+               if (GIN_DIR / folder / f"{stem}.gin").is_file()]
+    if len(matches) == 1:
+      return (GIN_DIR / matches[0]).resolve()
+    if matches:
+      raise UsageError(f"gin file {name!r} is in more than one folder of {GIN_DIR}: "
+                       f"{', '.join(matches)}; pass one of those paths")
+  raise UsageError(f"gin file {name!r} not found (as a path, under {GIN_DIR}, or as a "
+                   f"file name in its {', '.join(GIN_FOLDERS)} folders); pass a file "
+                   "name such as t5_small, or a path")
 
 
 def _parse(what: str, parse) -> None:
@@ -181,8 +199,10 @@ def _parse(what: str, parse) -> None:
 @contextlib.contextmanager
 def quiet_include_probes():
   """gin probes each include (gin/models/t5_common.gin) as a Python-path resource
-  before its search path and logs a miss at ERROR on the root logger: from outside
-  the repository, stray lines although the include is then found. Silences them."""
+  (package `gin.models`: gin-config's own `gin`, which has none) before its search
+  path and logs the miss at ERROR on the root logger: a stray line from any
+  directory, although the include is then found under PACKAGE_DIR. Silences them;
+  load_experiment parses inside it."""
   root = logging.getLogger()
   level = root.level
   root.setLevel(logging.CRITICAL)
@@ -192,20 +212,27 @@ def quiet_include_probes():
     root.setLevel(level)
 
 
+def add_gin_search_path() -> None:
+  """Makes gin `include 'gin/models/t5_common.gin'` lines resolve from any directory:
+  against PACKAGE_DIR, once (gin.clear_config keeps search paths)."""
+  if str(PACKAGE_DIR) not in gin.config._LOCATION_PREFIXES:
+    gin.add_config_file_search_path(str(PACKAGE_DIR))
+
+
 def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> Experiment:
   """Parses gin files, then bindings (later ones win), into a validated Experiment.
 
   The config stays unlocked: mesh_tensorflow registers configurables on import.
   """
   if not gin_files:
-    raise UsageError("no --gin_file given; pass a model, e.g. "
-                     "--gin_file=gin/models/t5_small.gin")
+    raise UsageError("no --gin_file given; pass a model, e.g. --gin_file=t5_small "
+                     "(a file of gin/models/)")
   paths = [str(resolve_gin_file(name)) for name in gin_files]
   gin.clear_config()
-  if str(REPO_ROOT) not in gin.config._LOCATION_PREFIXES:  # clear_config keeps paths
-    gin.add_config_file_search_path(str(REPO_ROOT))
-  for path in paths:
-    _parse(path, lambda: gin.parse_config_file(path))
+  add_gin_search_path()
+  with quiet_include_probes():
+    for path in paths:
+      _parse(path, lambda: gin.parse_config_file(path))
   for binding in gin_params:
     _parse(f"binding {binding!r}", lambda: gin.parse_config(binding))
   try:
@@ -216,7 +243,7 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
     missing = re.search(r"arguments: (\[.*?\])", str(e))
     raise UsageError(
         f"gin: no value bound for {missing.group(1) if missing else errors.one_line(e)}; "
-        "pass a model file, e.g. --gin_file=gin/models/t5_small.gin") from None
+        "pass a model file, e.g. --gin_file=t5_small (a file of gin/models/)") from None
   experiment = Experiment(**experiment_parts, operative_config=gin.operative_config_str())
   validate(experiment)
   return experiment

@@ -1,20 +1,20 @@
 """Parameters, FLOPs per token and training-state bytes per device of any config.
 
-    python -m tf_tput.plan --gin_file=gin/models/decoder_136b.gin \
-        --gin_file=gin/mesh/data2_model2.gin [--format=json]
-    python -m tf_tput.plan --gin_file=gin/models/decoder_3b.gin \
-        --gin_file=gin/mesh/data8.gin --gin_file=gin/pipeline/s16_m64.gin \
+    python -m tf_tput.plan --gin_file=decoder_136b --gin_file=data2_model2 [--format=json]
+    python -m tf_tput.plan --gin_file=decoder_3b --gin_file=data8 --gin_file=s16_m64 \
         --gin_param='TrainConfig.global_batch = 2048'
 
-With a pipeline (gin/pipeline/), the mesh is one stage's and the plan has a row per
-stage (tf_tput/pipeline.py): its layers, parameters and bytes per device.
+A --gin_file is a file name of tf_tput/gin/ (models/, mesh/, pipeline/) or a path
+(config.resolve_gin_file). With a pipeline (gin/pipeline/), the mesh is one stage's
+and the plan has a row per stage (tf_tput/pipeline.py): its layers, parameters and
+bytes per device.
 
 With --islands=K, Pathways §5.3's projection (tf_tput/dcn.py): the bytes each step's
 gradient reduction sends between islands, their time over the DCN, the backward
 compute they can hide behind, what stays exposed and the projected fraction of
 single-island throughput, beside the paper's figures:
 
-    python -m tf_tput.plan --gin_file=gin/models/decoder_64b.gin --islands=2 \
+    python -m tf_tput.plan --gin_file=decoder_64b --islands=2 \
         --devices_per_island=512 [--calibrate_from=results/islands_local.jsonl]
 
 No graph is built and no framework is imported: the numbers come from
@@ -34,7 +34,8 @@ from tf_tput.runtime import islands
 from tf_tput.report import published
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ...")
+flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ... "
+                          "(a file name such as t5_small, or a path).")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
 flags.DEFINE_enum("format", "text", ["text", "json"], "Output format.")
 flags.DEFINE_integer("islands", 1, "Project data parallelism across this many islands.")

@@ -6,9 +6,9 @@ import pytest
 
 from tf_tput import config, models
 
-from cli_helpers import REPO, run_cli
+from cli_helpers import run_cli
 
-MODEL_FILES = sorted(p.name for p in (REPO / "gin/models").glob("*.gin")
+MODEL_FILES = sorted(p.name for p in (config.GIN_DIR / "models").glob("*.gin")
                      if not p.name.endswith("_common.gin"))
 
 

@@ -230,7 +230,71 @@ def test_search_path_is_added_once():
   import gin
   for _ in range(3):
     config.load_experiment(TINY)
-  assert gin.config._LOCATION_PREFIXES.count(str(config.REPO_ROOT)) == 1
+  assert gin.config._LOCATION_PREFIXES.count(str(config.PACKAGE_DIR)) == 1
+
+
+# --------------------------------------------------------------------------------------
+# resolve_gin_file: gin files by file name, under the package's gin/, or as paths
+
+@pytest.mark.parametrize("name,expected", [
+    ("t5_small", "models/t5_small.gin"), ("t5_small.gin", "models/t5_small.gin"),
+    ("data2_model2", "mesh/data2_model2.gin"), ("s4_m16", "pipeline/s4_m16.gin"),
+    ("table1_local", "suites/table1_local.gin"),
+    ("models/t5_small.gin", "models/t5_small.gin"),
+    ("gin/models/t5_small.gin", "models/t5_small.gin"),
+    ("gin/mesh/single.gin", "mesh/single.gin"),
+])
+def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch, name, expected):
+  monkeypatch.chdir(tmp_path)  # not the repository: the package dir is what counts
+  assert config.resolve_gin_file(name) == (config.GIN_DIR / expected).resolve()
+
+
+def test_the_gin_files_live_in_the_package():
+  assert config.GIN_DIR == config.PACKAGE_DIR / "gin"
+  assert (config.PACKAGE_DIR / "config.py").is_file()
+  assert sorted(p.name for p in config.GIN_DIR.iterdir() if p.is_dir()) == sorted(
+      config.GIN_FOLDERS)
+
+
+def test_a_path_as_given_comes_first(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  mine = tmp_path / "t5_small.gin"
+  mine.write_text("ModelConfig.d_model = 8\n")
+  assert config.resolve_gin_file("t5_small.gin") == mine
+  assert config.resolve_gin_file(str(mine)) == mine
+  assert config.resolve_gin_file("t5_small") == config.GIN_DIR / "models" / "t5_small.gin"
+
+
+def test_legacy_paths_and_bare_names_load_with_their_includes_elsewhere(
+    tmp_path, monkeypatch, caplog):
+  monkeypatch.chdir(tmp_path)
+  legacy = config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2_model2.gin"])
+  bare = config.load_experiment(["t5_tiny", "data2_model2"])
+  assert bare.model == legacy.model and bare.mesh == legacy.mesh
+  assert bare.model.d_model == legacy.model.d_model > 0  # t5_common.gin was included
+  assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", ["t5_nope", "t5_nope.gin", "models/t5_nope.gin",
+                                  "gin/models/t5_nope.gin", "nowhere/t5_small"])
+def test_an_unknown_gin_file_is_one_line_naming_it(name):
+  message = _one_line_usage_error(config.resolve_gin_file, name)
+  assert repr(name) in message and "t5_small" in message and "path" in message
+
+
+def test_a_bare_name_in_several_folders_is_one_line_naming_them(tmp_path, monkeypatch):
+  for folder in ("models", "mesh"):
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "twice.gin").write_text("")
+  (tmp_path / "suites").mkdir()
+  (tmp_path / "suites" / "once.gin").write_text("")
+  (tmp_path / "elsewhere").mkdir()
+  monkeypatch.setattr(config, "GIN_DIR", tmp_path)
+  monkeypatch.chdir(tmp_path / "elsewhere")
+  message = _one_line_usage_error(config.resolve_gin_file, "twice")
+  assert "'twice'" in message
+  assert "models/twice.gin" in message and "mesh/twice.gin" in message
+  assert config.resolve_gin_file("once.gin") == tmp_path / "suites" / "once.gin"
 
 
 def test_validate_bad_embedding(base):

@@ -99,11 +99,11 @@ TPU_PEAK_KEY = ("tpu_v3", "bfloat16")  # the paper's chips, trained in bfloat16
 def paper_flops_per_token(model: str) -> tuple:
   """(model FLOPs per token, inputs_length, targets_length) of a published model at
   the lengths its paper suite binds (gin files only; no framework is imported)."""
-  from tf_tput import config, models, suite
+  from tf_tput import GIN_DIR, config, models, suite
 
   matrix = next(m for m in suite.load(PAPER_SUITES[model]).matrices if model in m.models)
-  with config.quiet_include_probes():
-    experiment = config.load_experiment([f"gin/models/{model}.gin"], matrix.gin_params)
+  experiment = config.load_experiment([str(GIN_DIR / "models" / f"{model}.gin")],
+                                      matrix.gin_params)
   data = experiment.data
   return (models.model_flops_per_token(experiment.model, data.inputs_length,
                                        data.targets_length),

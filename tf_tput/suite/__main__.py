@@ -1,8 +1,7 @@
 """Runs a suite: a gin-defined matrix of runs, each in its own process, resumable.
 
-    python -m tf_tput.suite --suite=gin/suites/table1_local.gin \
-        --results=results/table1_local.jsonl
-    python -m tf_tput.suite --suite=gin/suites/table1_paper.gin --dry_run
+    python -m tf_tput.suite --suite=table1_local --results=results/table1_local.jsonl
+    python -m tf_tput.suite --suite=table1_paper --dry_run
 
 Every run is `python -m tf_tput.train ...` or `python -m tf_tput.micro ...` in a
 child process (a crash, a leak or a hung framework cannot affect the next run), its
@@ -30,8 +29,8 @@ from tf_tput import suite as suites
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("suite", None, "Suite file, e.g. gin/suites/table1_local.gin (or "
-                    "its name, table1_local).")
+flags.DEFINE_string("suite", None, "A suite of tf_tput/gin/suites/ by name, e.g. "
+                    "table1_local, or a suite file's path.")
 flags.DEFINE_string("results", None, "JSON-lines file the runs append to, and that "
                     "tells which runs already succeeded. Default results/<suite name>.jsonl.")
 flags.DEFINE_string("logs_dir", None, "One log file per run (the child's output). "
@@ -133,7 +132,7 @@ def dry_run(runs: list) -> int:
 
 def run() -> int:
   if not FLAGS.suite:
-    raise UsageError("no --suite given; pass e.g. --suite=gin/suites/table1_local.gin "
+    raise UsageError("no --suite given; pass e.g. --suite=table1_local "
                      f"(suites: {', '.join(suites.available())})")
   if FLAGS.run_timeout_s <= 0 or FLAGS.grace_s < 0:
     raise UsageError(f"--run_timeout_s={FLAGS.run_timeout_s:g} / --grace_s="
