@@ -1,39 +1,37 @@
 """Starts a local cluster on loopback, runs a command in it, and stops every process.
 
-JAX processes (N copies of the command, joined by jax.distributed):
+Processes (N copies of the command; systems with multi_process, e.g. jax):
 
     python -m tf_tput.launch --num_processes=2 -- \
         python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
 
 Each process gets TF_TPUT_COORDINATOR (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES
-and TF_TPUT_PROCESS_ID; tf_tput.runtime.topology joins them with jax.distributed.
+and TF_TPUT_PROCESS_ID (runtime/processes.py); the system's runtime joins them.
 
-A TF cluster (N tf.distribute.Server workers, the command as their chief):
+Worker servers (N of them, for systems whose runtime serves workers): the System
+named by the command's --system says how they run (its every_worker). One that
+drives them (mtf) is the command, their chief:
 
     python -m tf_tput.launch --num_workers=2 --devices_per_worker=2 -- \
         python -m tf_tput.train --system=mtf --strategy=multi_worker ...
 
-The workers (tf_tput.runtime.tf_server) listen on free loopback ports (or --port onwards) and
-must serve within --start_timeout_s; the command gets TF_CONFIG naming it the chief.
-
-TF2 under MultiWorkerMirroredStrategy, where every worker runs the program (chosen
-when the command trains --system=tf2):
+The workers listen on free loopback ports (or --port onwards) and must serve within
+--start_timeout_s. Where every worker runs the program (tf2), the launcher starts N
+copies of the command, each worker i of a loopback cluster; worker 0 appends the
+record:
 
     python -m tf_tput.launch --num_workers=2 --devices_per_worker=2 -- \
         python -m tf_tput.train --system=tf2 --strategy=multi_worker ...
 
-starts 2 copies of the command, each with TF_CONFIG naming it worker i of a loopback
-cluster; worker 0 appends the record.
-
-JAX processes across islands (tf_tput.runtime.islands: network namespaces joined by
+Processes across islands (tf_tput.runtime.islands: network namespaces joined by
 links shaped to --dcn_rate; needs root and iproute2):
 
     python -m tf_tput.launch --islands=2 --dcn_rate=1gbit --num_processes=4 -- \
         python -m tf_tput.train --system=jax --num_cpu_devices=2 ...
 
 The processes split into the islands in order; the launcher removes the namespaces it
-made however it ends. mtf across islands: the TF workers split the same way, each
-task on its island's address, the chief (the command) in island 0:
+made however it ends. Worker servers across islands split the same way, each task on
+its island's address, the chief (the command) in island 0:
 
     python -m tf_tput.launch --islands=2 --dcn_rate=1gbit --num_workers=2 \
         --devices_per_worker=4 -- \
@@ -48,25 +46,24 @@ import sys
 from absl import app
 from absl import flags
 
+from tf_tput import systems
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands, processes, tf_workers
+from tf_tput.runtime import islands, processes
 
 FLAGS = flags.FLAGS
-# A command with this argument runs on every worker (MultiWorkerMirroredStrategy);
-# any other is the chief of tf_server workers (mtf's single controller).
-EVERY_WORKER_RUNS = "--system=tf2"
-flags.DEFINE_integer("num_processes", None, "JAX: processes to start, each running the "
-                     "command.")
-flags.DEFINE_integer("num_workers", None, "TF: worker servers to start; the command runs "
-                     "as the cluster's chief.")
-flags.DEFINE_integer("devices_per_worker", 1, "TF: logical CPU devices per worker.")
-flags.DEFINE_integer("port", 0, "TF: first of num_workers + 1 consecutive loopback ports "
-                     "(chief, then workers); 0 picks free ports.")
-flags.DEFINE_float("start_timeout_s", 60.0, "TF: seconds the workers get to start serving.")
+flags.DEFINE_integer("num_processes", None, "Processes to start, each running the "
+                     "command (systems that run as processes).")
+flags.DEFINE_integer("num_workers", None, "Worker servers to start for the command's "
+                     "--system; the command drives them as the cluster's chief, or runs "
+                     "on every worker where its system says so.")
+flags.DEFINE_integer("devices_per_worker", 1, "Logical CPU devices per worker server.")
+flags.DEFINE_integer("port", 0, "Workers: first of num_workers + 1 consecutive loopback "
+                     "ports (chief, then workers); 0 picks free ports.")
+flags.DEFINE_float("start_timeout_s", 60.0, "Workers: seconds they get to start serving.")
 flags.DEFINE_float("grace_s", 5.0, "Seconds between SIGTERM and SIGKILL when stopping.")
 flags.DEFINE_float("timeout_s", None, "Stop everything and fail after this many seconds.")
-flags.DEFINE_integer("islands", None, "Split the JAX processes (or mtf's TF workers, "
-                     "its chief in island 0) into this many islands, "
+flags.DEFINE_integer("islands", None, "Split the processes (or the worker servers, "
+                     "their chief in island 0) into this many islands, "
                      "network namespaces on 198.18.0.0/15 joined by links shaped to "
                      "--dcn_rate (needs root and iproute2); 1: one island on loopback "
                      "with the same island axis (the baseline). Unset: no island axis.")
@@ -80,53 +77,50 @@ def _usage(message: str) -> int:
   return 2
 
 
-def _tf_cluster(command) -> int:
+def _workers(command) -> int:
+  """Worker servers of the command's system, and the command as their chief or on
+  each of them."""
+  system = systems.load(systems.named_in(command))
+  if not system.runtime.serves_workers:
+    return _usage(f"--num_workers starts worker servers, which --system={system.name} "
+                  "has none of; launch it with --num_processes=N")
   for name in ("num_workers", "devices_per_worker"):
     if FLAGS[name].value < 1:
       return _usage(f"--{name}={FLAGS[name].value}; it must be >= 1")
   if not FLAGS.start_timeout_s > 0:
     return _usage(f"--start_timeout_s={FLAGS.start_timeout_s}; it must be > 0")
   if FLAGS.islands is not None:
-    return _tf_in_islands(command)
+    return _workers_in_islands(system, command)
   ports = None
   if FLAGS.port:
     ports = list(range(FLAGS.port, FLAGS.port + FLAGS.num_workers + 1))
     if ports[-1] > 65535:
       return _usage(f"--port={FLAGS.port} leaves no room for {len(ports)} ports; choose "
                     "a lower one")
-    busy = tf_workers.busy_ports(ports)
+    busy = processes.busy_ports(ports)
     if busy:
       return _usage(f"--port={FLAGS.port}: port(s) {', '.join(map(str, busy))} of "
                     f"{ports[0]}-{ports[-1]} are in use; choose another --port or leave it "
                     "unset for free ports")
-  if EVERY_WORKER_RUNS in command:
-    return tf_workers.launch_every_worker(command, FLAGS.num_workers,
-                                          FLAGS.devices_per_worker, FLAGS.grace_s,
-                                          FLAGS.timeout_s,
-                                          ports[:FLAGS.num_workers] if ports else None)
-  return tf_workers.launch(command, FLAGS.num_workers, FLAGS.devices_per_worker,
-                           FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s, ports)
+  return system.runtime.launch_workers(command, system.every_worker, FLAGS.num_workers,
+                                      FLAGS.devices_per_worker, FLAGS.grace_s,
+                                      FLAGS.timeout_s, FLAGS.start_timeout_s, ports)
 
 
 def main(argv) -> int:
   command = argv[1:]
   if not command:
     return _usage("no command to launch; put it after --, e.g. python -m tf_tput.launch "
-                  "--num_processes=2 -- python -m tf_tput.train --system=jax ...")
-  if (FLAGS.islands is not None and FLAGS.num_workers is not None
-      and EVERY_WORKER_RUNS in command):
-    return _usage("--islands with --num_workers starts mtf's workers and chief (one "
-                  "Session); tf2's MultiWorkerMirroredStrategy across islands is not "
-                  "implemented: use --system=mtf or --system=jax")
+                  "--num_processes=2 -- python -m tf_tput.train ...")
   if FLAGS.dcn_rate != islands.NO_LIMIT and FLAGS.islands is None:
     return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
                   "--islands=K")
   if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
-    return _usage("give exactly one of --num_processes=N (JAX processes) or "
-                  "--num_workers=N (TF workers, the command as their chief)")
+    return _usage("give exactly one of --num_processes=N (processes, each running the "
+                  "command) or --num_workers=N (worker servers for the command's system)")
   try:
     if FLAGS.num_workers is not None:
-      return _tf_cluster(command)
+      return _workers(command)
     if FLAGS.num_processes < 1:
       return _usage(f"--num_processes={FLAGS.num_processes}; it must be >= 1")
     if FLAGS.islands is None:
@@ -165,19 +159,25 @@ def _in_islands(command) -> int:
                             FLAGS.timeout_s, network=network)
 
 
-def _tf_in_islands(command) -> int:
-  """mtf's workers split into the islands, its chief (the command) in island 0."""
+def _workers_in_islands(system, command) -> int:
+  """The workers split into the islands, their chief (the command) in island 0."""
+  if system.every_worker or "data" not in system.islands:
+    able = [name for name in systems.able("islands") if systems.load(name).runtime
+            .serves_workers and not systems.load(name).every_worker]
+    raise UsageError(f"--islands with --num_workers: --system={system.name} does not "
+                     "train across islands as worker servers; use --system="
+                     f"{' or --system='.join(able)}, or --num_processes for a system "
+                     "that runs as processes")
   rate = _island_rate("num_workers", FLAGS.num_workers)
   if FLAGS.port:
     raise UsageError(f"--port={FLAGS.port} with --islands: inside islands every task "
-                     "has its own port from "
-                     f"{tf_workers.ISLAND_BASE_PORT}; drop --port")
-  args = (command, FLAGS.num_workers, FLAGS.devices_per_worker, FLAGS.grace_s,
-          FLAGS.timeout_s, FLAGS.start_timeout_s)
+                     "has its own port; drop --port")
+  args = (command, system.every_worker, FLAGS.num_workers, FLAGS.devices_per_worker,
+          FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s)
   if FLAGS.islands == 1:
-    return tf_workers.launch(*args, chief_env=ONE_ISLAND_ENV)
+    return system.runtime.launch_workers(*args, chief_env=ONE_ISLAND_ENV)
   with islands.IslandNetwork(FLAGS.islands, rate) as network:
-    return tf_workers.launch(*args, network=network)
+    return system.runtime.launch_workers(*args, network=network)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the shared measured loop costs: its tokens/s vs a bare loop of the same steps.
 
-    python -m tf_tput.overhead --systems=mtf,jax --gin_file=gin/models/t5_tiny.gin \\
+    python -m tf_tput.overhead --systems=mtf,jax --gin_file=t5_tiny \\
         --steps=50 --rounds=5
 
 Each system's trainer is built once on 1 device and its batches are built before
@@ -22,12 +22,12 @@ from absl import flags
 
 from tf_tput import config, data, errors, systems
 from tf_tput.measure import loop, metrics
-from tf_tput.runtime import topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("systems", ["mtf", "jax"], f"Systems to measure: {', '.join(systems.REGISTRY)}.")
-flags.DEFINE_multi_string("gin_file", ["gin/models/t5_tiny.gin"], "Gin file (repeatable).")
+flags.DEFINE_multi_string("gin_file", ["t5_tiny"], "Gin file (repeatable): a file "
+                          "name such as t5_tiny, or a path.")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
 flags.DEFINE_integer("steps", 50, "Measured steps per loop and round.")
 flags.DEFINE_integer("rounds", 5, "Rounds of (shared loop, bare loop).")
@@ -110,7 +110,7 @@ def run() -> int:
         f"loop vs bare loop, medians of {rounds} round(s) of {steps} steps")
   for name in FLAGS.systems:
     system = systems.load(name)
-    trainer = system.build(experiment, topology_lib.resolve(system.framework, None))
+    trainer = system.build(experiment, system.runtime.resolve())
     try:
       shared, bare, overhead, per_round = measure(trainer, batches, rounds)
     finally:

@@ -20,7 +20,6 @@ from absl import app
 from absl import flags
 
 from tf_tput import config, data, errors, systems
-from tf_tput.runtime import topology as topology_lib
 from tf_tput.errors import UsageError
 
 UNPIPELINED = ":unpipelined"
@@ -69,10 +68,10 @@ def compare(sides, num_cpu_devices, steps: int) -> list:
   topologies, trainers = {}, []
   try:
     for _, name, experiment in sides:
-      framework = systems.load(name).framework
-      if framework not in topologies:  # virtual devices are configured once per process
-        topologies[framework] = topology_lib.resolve(framework, num_cpu_devices)
-      trainers.append(systems.load(name).build(experiment, topologies[framework]))
+      runtime = systems.load(name).runtime
+      if runtime.name not in topologies:  # virtual devices are configured once per process
+        topologies[runtime.name] = runtime.resolve(num_cpu_devices)
+      trainers.append(systems.load(name).build(experiment, topologies[runtime.name]))
     initial = trainers[0].export_variables()
     for trainer in trainers[1:]:
       trainer.load_variables(initial)

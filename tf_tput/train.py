@@ -20,7 +20,7 @@ from absl import logging
 from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib
 from tf_tput.records import build, keys, results
-from tf_tput.runtime import cluster, islands, topology as topology_lib
+from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
@@ -28,7 +28,8 @@ flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable; later files win
                           "e.g. gin/models/t5_small.gin and gin/mesh/data2_model2.gin.")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable), applied after "
                           "the files, e.g. \"ModelConfig.activation_dtype='bfloat16'\".")
-flags.DEFINE_string("system", "mtf", f"System under test: {', '.join(systems.REGISTRY)}.")
+flags.DEFINE_string("system", systems.DEFAULT, "System under test: "
+                    f"{', '.join(systems.REGISTRY)}.")
 flags.DEFINE_string("results", "results/runs.jsonl", "JSON-lines file the record is "
                     "appended to (created with its directory).")
 flags.DEFINE_integer("num_cpu_devices", None, "Split the host CPU into this many virtual "
@@ -39,29 +40,29 @@ flags.DEFINE_integer("warmup_steps", None, "Unmeasured first steps, >= 1 "
 flags.DEFINE_integer("global_batch", None, "Examples per step over all devices "
                      "(overrides TrainConfig.global_batch).")
 flags.DEFINE_enum("strategy", "local", topology_lib.STRATEGIES,
-                  "Where the devices are. local: this process's (--num_cpu_devices, "
-                  "GPUs, or JAX processes from tf_tput.launch --num_processes). "
-                  "multi_worker: --system=mtf: this process is the chief of the "
-                  "TF_CONFIG cluster and drives every worker's devices in one graph; "
-                  "--system=tf2: this process is one worker of a "
-                  "MultiWorkerMirroredStrategy (tf_tput.launch --num_workers sets "
-                  "either up on loopback). tpu (--system=mtf: tpu.replicate; tf2: "
-                  "TPUStrategy): a Cloud TPU named by --tpu; NOT exercised by CI or "
-                  "by the tests beyond the connection (no TPU there).")
+                  "Where the devices are (each system lists the strategies it runs "
+                  "under, docs/systems.md). local: this process's (--num_cpu_devices, "
+                  "accelerators, or the processes of tf_tput.launch --num_processes). "
+                  "multi_worker: the worker servers of a cluster (tf_tput.launch "
+                  "--num_workers sets one up on loopback): this process drives them, "
+                  "or is one of them where every worker runs the program. tpu: a "
+                  "Cloud TPU named by --tpu; NOT exercised by CI or by the tests "
+                  "beyond the connection (no TPU there).")
 flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait for "
                    "every worker to answer before giving up.")
 flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, grpc://host:8470, or local "
                     "(on a TPU VM).")
 flags.DEFINE_string("tpu_type", None, "TPU generation for the MFU peak (v2, v3, v4, v5e, "
                     "v5p; an accelerator type such as v3-32 also works) where the run "
-                    "cannot tell it: --tpu=local or an address (mtf), or to override the "
-                    "device kind JAX reports. Only on TPUs.")
+                    "cannot tell it (--tpu=local or an address), or to override the "
+                    "device kind a framework reports. Only on TPUs.")
 flags.DEFINE_string("tpu_zone", None, "tpu: its GCP zone (unset: from the metadata).")
 flags.DEFINE_string("gcp_project", None, "tpu: its GCP project (unset: from the metadata).")
 flags.DEFINE_string("tensorboard_dir", None, "Write per-step scalars here.")
-flags.DEFINE_string("trace_dir", None, "--system=mtf: after the measured steps, run one "
-                    "more step under TF's full trace, write its Chrome trace to "
-                    "DIR/<run id>.trace.json and print where each device's time went.")
+flags.DEFINE_string("trace_dir", None, "After the measured steps, run one more step "
+                    "under the framework's trace, write it to DIR/<run id>.trace.json and "
+                    "print where each device's time went (systems that trace: "
+                    f"{', '.join(systems.able('traces'))}).")
 flags.DEFINE_integer("log_every", 10, "Log progress every this many measured steps.")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
@@ -130,7 +131,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "config": experiment.operative_config,
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
       "run_key": run_key,
-  }, topology.describe(), status="failed" if measurement.error else "ok",
+  }, topology.describe(), systems.distributions(),
+      status="failed" if measurement.error else "ok",
       error=measurement.error, run_id=run_id, started_at=started_at)
 
 
@@ -141,12 +143,16 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
             else "tokens/s n/a")
   spread = (f"step time median {st['median']:.4f}s [p10 {st['p10']:.4f}, p90 "
             f"{st['p90']:.4f}]" if st["median"] is not None else "step time n/a")
+  # The peak in a few words; the record's peak_source keeps the whole text.
+  peak, source = record["peak_flops_per_device"], peak_lib.short_source(record["peak_source"])
+  per_device = f"{peak_lib.flops_label(peak)}/device" if peak else None
+  mfu_text = (f"MFU {100 * mfu:.1f}% of {per_device} ({source})" if mfu is not None and peak
+              else f"MFU n/a ({f'peak {per_device}, ' if peak else ''}{source})")
   return [
       f"{record['model']} ({record['num_params']:,} params) on {record['system']}: mesh "
       f"{record['mesh_shape']}, {record['num_devices']} device(s), {record['dtype']}, "
       f"batch {record['global_batch']}, {record['steps']} measured steps",
-      f"{tokens} | {spread} | MFU "
-      + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a") + f" ({record['peak_source']})",
+      f"{tokens} | {spread} | {mfu_text}",
       f"status {record['status']}, final loss {record['final_loss']} | record appended "
       f"to {path}:{line}",
   ]
@@ -164,25 +170,22 @@ def _check_writable_dir(path: str, flag: str) -> None:
 
 def _check_strategy(experiment):
   """Checks the --strategy flags before any framework starts (the config's part in
-  topology.check_strategy, which a suite's validation shares); the TPU's address or None."""
-  strategy = FLAGS.strategy
-  topology_lib.check_strategy(FLAGS.system, strategy, experiment, FLAGS.num_cpu_devices)
-  if strategy == "local" and FLAGS.system == "mtf" and os.environ.get(cluster.ENV):
-    raise UsageError(f"{cluster.ENV} is set (a cluster) but --strategy=local; pass "
-                     f"--strategy=multi_worker, or unset {cluster.ENV} to run locally")
-  if strategy == "multi_worker" and not systems.load(FLAGS.system).every_worker:
-    if not FLAGS.cluster_timeout_s > 0:
-      raise UsageError(f"--cluster_timeout_s={FLAGS.cluster_timeout_s}; it must be > 0")
-    chief, _ = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""))
-    cluster.check_port_free(chief)
+  systems.check_strategy, which a suite's validation shares; the environment's part
+  the system's runtime checks); the TPU's address or None."""
+  strategy, system = FLAGS.strategy, systems.load(FLAGS.system)
+  systems.check_strategy(FLAGS.system, strategy, experiment, FLAGS.num_cpu_devices)
+  system.runtime.check(strategy, system.every_worker, FLAGS.cluster_timeout_s)
   tpu_flags = {"tpu": FLAGS.tpu, "tpu_zone": FLAGS.tpu_zone,
                "gcp_project": FLAGS.gcp_project}
   if FLAGS.tpu_type:
     from tf_tput.runtime import tpu
     tpu.kind_from_type(FLAGS.tpu_type)
-    if strategy != "tpu" and FLAGS.system != "jax":
-      raise UsageError(f"--tpu_type applies to TPUs: --strategy=tpu, or --system=jax on "
-                       f"a TPU host; not --system={FLAGS.system} --strategy={strategy}")
+    if strategy != "tpu" and not (strategy == "local" and system.runtime.finds_local_tpus):
+      local = [name for name in systems.REGISTRY
+               if systems.load(name).runtime.finds_local_tpus]
+      raise UsageError(f"--tpu_type applies to TPUs: --strategy=tpu, or on a TPU host "
+                       f"--system={' or --system='.join(local)}; not --system="
+                       f"{FLAGS.system} --strategy={strategy}")
   if strategy != "tpu":
     given = [name for name, value in tpu_flags.items() if value]
     if given:
@@ -203,7 +206,9 @@ def _check_islands(experiment) -> None:
     raise UsageError(f"--system={FLAGS.system} does not train across islands; use "
                      f"--system={' or --system='.join(able)} under tf_tput.launch "
                      "--islands")
-  islands.check_mesh(experiment, num_islands, systems.load(FLAGS.system).islands)
+  islands.check_mesh(experiment, num_islands, systems.load(FLAGS.system).islands,
+                     (FLAGS.num_cpu_devices or 0) * topology_lib.launched_processes()[0]
+                     or None)
 
 
 def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:
@@ -227,11 +232,10 @@ def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:
 
 
 def _trace_one_step(trainer, batches, run_id: str) -> None:
-  """An extra, unmeasured step under TF's trace; its summary goes to stdout."""
-  from tf_tput.measure import tf_trace
+  """An extra, unmeasured step under the framework's trace; its summary goes to stdout."""
   path = os.path.join(FLAGS.trace_dir, f"{run_id}.trace.json")
-  rows, wall_s = trainer.trace_step(next(batches), path)
-  print(tf_trace.format_summary(rows, wall_s) + f"\nChrome trace: {path}", flush=True)
+  summary = trainer.trace_step(next(batches), path)
+  print(summary + f"\nChrome trace: {path}", flush=True)
 
 
 def _checked_request():
@@ -254,9 +258,11 @@ def _checked_request():
   if FLAGS.tensorboard_dir and writes_record:
     _check_writable_dir(FLAGS.tensorboard_dir, "--tensorboard_dir")
   if FLAGS.trace_dir:
-    if FLAGS.system != "mtf" or FLAGS.strategy == "tpu":
-      raise UsageError(f"--trace_dir traces a TF Session step: it needs --system=mtf on "
-                       f"CPUs/GPUs, not --system={FLAGS.system} --strategy={FLAGS.strategy}")
+    if FLAGS.strategy not in systems.load(FLAGS.system).traces:
+      able = [f"--system={name} --strategy={'|'.join(systems.load(name).traces)}"
+              for name in systems.able("traces")]
+      raise UsageError(f"--trace_dir: --system={FLAGS.system} --strategy={FLAGS.strategy}"
+                       f" has no trace; tracing runs under {'; '.join(able)}")
     _check_writable_dir(FLAGS.trace_dir, "--trace_dir")
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
@@ -275,8 +281,9 @@ def _resolve_devices(system, experiment, tpu_address):
   if num_processes > 1 and system.every_worker and FLAGS.strategy != "multi_worker":
     raise UsageError(f"--system={FLAGS.system} runs as several processes only as the "
                      "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")
-  topology = topology_lib.resolve(system.framework, FLAGS.num_cpu_devices, FLAGS.strategy,
-                                  FLAGS.cluster_timeout_s, tpu_address, system.every_worker)
+  topology = system.runtime.resolve(FLAGS.num_cpu_devices, FLAGS.strategy,
+                                    system.every_worker, FLAGS.cluster_timeout_s,
+                                    tpu_address)
   config.validate(experiment, num_devices=topology.num_devices,
                   num_processes=num_processes)
   if FLAGS.tpu_type:
@@ -359,13 +366,15 @@ def run() -> int:
                experiment.model.name, system.name, topology.num_devices,
                topology.platform, topology.num_processes)
   # Only the writer measures the peak, the others waiting: they share this host's cores.
-  peak, peak_source = peak_lib.probe_alone(topology, experiment.model.activation_dtype,
+  peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
+                                           experiment.model.activation_dtype,
                                            probes=writes_record)
   outcome = _train(system, experiment, topology, writes_record, run_id)
   if not writes_record:
     return 1 if outcome.measurement.error else 0
   if not outcome.measurement.error:  # a failed run's record goes out as it is
-    peak, peak_source = peak_lib.reprobed(topology, experiment.model.activation_dtype,
+    peak, peak_source = peak_lib.reprobed(system.runtime, topology,
+                                          experiment.model.activation_dtype,
                                           (peak, peak_source))
   summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices, peak)
   return _report(_record(experiment, topology, outcome, summary, peak_source, started_at,

@@ -58,8 +58,11 @@ def test_report_directory_has_markdown_csv_and_valid_pngs(tmp_path):
   for name in pngs:
     assert f"]({name})" in report
   assert f"`{train}:3`: not JSON" in report
-  assert "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 | 100 [" in report
-  assert "| 32 | 618,000 | 618,000 |" in report  # published, in their own columns
+  # Table 1: a row per configuration and system, the published figures on each.
+  config = "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 |"
+  assert f"{config} mtf | 1 | 100 [" in report and f"{config} jax | 1 | 330 [" in report
+  assert "| 20.000 | 25.0% | 1.00x | 618,000 / 618,000 (32) |" in report
+  assert "| 3.30x | 618,000 / 618,000 (32) |" in report
   assert "step 3: boom" in report and "not applicable" in report
   with open(out / "results.csv", newline="") as f:
     rows = list(csv.DictReader(f))
@@ -81,6 +84,8 @@ def test_console_table_without_out(tmp_path):
              for line in proc.stdout.splitlines()), proc.stdout
   assert "vs mtf" in proc.stdout and "3.30x" in proc.stdout  # jax / mtf on t5_base
   assert "failed: step 3: boom" in proc.stdout
+  # Every run's peak is the same one: listed once, with the runs that used it.
+  assert proc.stdout.count("- measured: test: 100 GFLOP/s/device; 4 run(s):") == 1, proc.stdout
   assert "jax opbyop" in proc.stdout and "not applicable" in proc.stdout
   assert f"warning: {train}:3:" in proc.stderr
   assert not list(tmp_path.glob("*.png"))

@@ -110,7 +110,7 @@ def test_bad_suite_input_is_one_error_line(tmp_path):
 def test_dry_run_refuses_a_strategy_train_would_refuse(tmp_path):
   suite = tmp_path / "tpu32.gin"
   suite.write_text("Suite.name = 'tpu32'\nSuite.matrices = [@TrainMatrix()]\n"
-                   "TrainMatrix.models = ['t5_tiny']\nTrainMatrix.mtf_strategy = 'tpu'\n")
+                   "TrainMatrix.models = ['t5_tiny']\nTrainMatrix.strategy = 'tpu'\n")
   proc = run_cli("tf_tput.suite", f"--suite={suite}", "--dry_run")
   assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
   assert "run 't5_tiny mtf tpu float32 single batch 8'" in proc.stderr

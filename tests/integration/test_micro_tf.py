@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tf_tput import micro
-from tf_tput.runtime import tf_workers
+from tf_tput.frameworks import tf_workers
 from tf_tput.micro import tf_single
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tf_tput import config, data, models, pipeline
 from tf_tput.errors import UsageError
+from tf_tput.frameworks import tf_runtime
 from tf_tput.runtime import topology as topology_lib
 
 STEPS = 10
@@ -33,7 +34,7 @@ def _experiment(params):
 @pytest.fixture(scope="module")
 def devices4():
   try:
-    return topology_lib.resolve("tf", 4)
+    return tf_runtime.RUNTIME.resolve(4)
   except RuntimeError as e:  # TF already started in this process with other devices
     import tensorflow as tf
     names = tuple(d.name for d in tf.config.list_logical_devices("CPU"))

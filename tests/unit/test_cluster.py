@@ -1,4 +1,4 @@
-"""TF_CONFIG checks, worker device lists and reachability (tf_tput.runtime.cluster)."""
+"""TF_CONFIG checks, worker device lists and reachability (tf_tput.frameworks.tf_cluster)."""
 
 import json
 import socket
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tf_tput.runtime import cluster, processes
+from tf_tput.frameworks import tf_cluster as cluster
+from tf_tput.runtime import processes
 from tf_tput.errors import UsageError
 
 

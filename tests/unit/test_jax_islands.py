@@ -17,8 +17,8 @@ pytest.importorskip("jax")
 SCRIPT = r"""
 import dataclasses, itertools, json, re
 from tf_tput import config, data
-from tf_tput.runtime import topology as topology_lib
-topo = topology_lib.resolve("jax", 4)
+from tf_tput.frameworks import jax_runtime
+topo = jax_runtime.RUNTIME.resolve(4)
 from tf_tput.systems import jax_trainer
 from tf_tput.systems.jax_islands import JaxIslandTrainer
 e = config.load_experiment(["gin/models/decoder_tiny.gin"], [

@@ -103,13 +103,13 @@ def _scan_lengths(jaxpr, inside_shard_map=False, out=None):
 def _worker(case: str) -> dict:
   """Runs in the 4-device subprocess: unpipelined and pipelined, same weights."""
   from tf_tput import data, models
-  from tf_tput.runtime import topology as topology_lib
+  from tf_tput.frameworks import jax_runtime
   from tf_tput.systems import jax_adapter, jax_pipeline, jax_trainer
   stages, mesh, layers = CASES[case]
   reference = _experiment(1, f"batch:{DEVICES}", layers)
   piped = _experiment(stages, mesh, layers)
   m = piped.model
-  topology = topology_lib.resolve("jax", None)  # this process's 4 devices, no islands
+  topology = jax_runtime.RUNTIME.resolve()  # this process's 4 devices, no islands
   trainer = jax_trainer.JaxTrainer(reference, topology)
   weights = trainer.export_variables()
   pipe = jax_adapter.SYSTEM.build(piped, topology)

@@ -92,8 +92,9 @@ def test_summarize_nothing_measured(tiny_experiment):
 
 def test_tf_gpu_peak_bytes_sums_the_gpus_and_is_none_without():
   import types
+  from tf_tput.frameworks import tf_runtime
   peaks = {"GPU:0": 3, "GPU:1": 4}
   experimental = types.SimpleNamespace(get_memory_info=lambda name: {"peak": peaks[name]})
   tf = types.SimpleNamespace(config=types.SimpleNamespace(experimental=experimental))
-  assert metrics.tf_gpu_peak_bytes(tf, ["GPU:0", "GPU:1"]) == 7
-  assert metrics.tf_gpu_peak_bytes(tf, []) is None
+  assert tf_runtime.gpu_peak_bytes(tf, ["GPU:0", "GPU:1"]) == 7
+  assert tf_runtime.gpu_peak_bytes(tf, []) is None

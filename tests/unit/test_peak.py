@@ -78,27 +78,30 @@ def test_the_probe_checks_its_matmul_of_ones():
       peak_lib.check_matmul_corner(wrong, 64, "wrong")
 
 
-@pytest.mark.parametrize("framework", ["jax", "tf"])
-def test_the_probe_runs_a_checked_matmul(framework, monkeypatch):
+@pytest.mark.parametrize("runtime", ["jax_runtime", "tf_runtime"])
+def test_the_probe_runs_a_checked_matmul(runtime, monkeypatch):
+  import importlib
   import types
-  topology = types.SimpleNamespace(framework=framework, session_target=None,
-                                   devices=["/CPU:0"])
-  peak_lib.matmul_runner(topology, 32, "float32")()   # ones: the check passes
+  runtime = importlib.import_module(f"tf_tput.frameworks.{runtime}").RUNTIME
+  topology = types.SimpleNamespace(session_target=None, devices=["/CPU:0"])
+  runtime.matmul_runner(topology, 32, "float32")()   # ones: the check passes
   seen = []
   monkeypatch.setattr(peak_lib, "check_matmul_corner",
                       lambda corner, n, where: seen.append((float(corner), n)))
-  peak_lib.matmul_runner(topology, 32, "float32")()
+  runtime.matmul_runner(topology, 32, "float32")()
   assert seen == [(32.0, 32)]
 
 
 def _probe_order(monkeypatch, topology, probes: bool) -> tuple:
   """(events in order, probe_alone's result) with the barrier and peak() recorded."""
   from jax.experimental import multihost_utils
+  import importlib
   events = []
   monkeypatch.setattr(multihost_utils, "sync_global_devices", events.append)
-  monkeypatch.setattr(peak_lib, "peak", lambda t, d: events.append(f"peak {d}") or
+  monkeypatch.setattr(peak_lib, "peak", lambda r, t, d: events.append(f"peak {d}") or
                       (7.0, "measured: fake"))
-  return events, peak_lib.probe_alone(topology, "float32", probes)
+  runtime = importlib.import_module(f"tf_tput.frameworks.{topology.framework}_runtime").RUNTIME
+  return events, peak_lib.probe_alone(runtime, topology, "float32", probes)
 
 
 def test_launched_jax_processes_wait_around_the_probe(monkeypatch):
@@ -127,12 +130,12 @@ def test_a_measured_peak_is_probed_again_and_the_higher_kept(monkeypatch):
   from tf_tput.runtime.topology import Topology
   one = Topology("jax", "cpu", ("a",), "Test CPU")
   again = []
-  monkeypatch.setattr(peak_lib, "peak", lambda t, d: again.append(d) or
+  monkeypatch.setattr(peak_lib, "peak", lambda r, t, d: again.append(d) or
                       (200e9, "measured: after"))
-  best, source = peak_lib.reprobed(one, "float32", (100e9, "measured: before"))
+  best, source = peak_lib.reprobed(None, one, "float32", (100e9, "measured: before"))
   assert (best, again) == (200e9, ["float32"])
   assert source.startswith("measured: after;") and "100 and 200 GFLOP/s" in source
-  best, source = peak_lib.reprobed(one, "float32", (300e9, "measured: before"))
+  best, source = peak_lib.reprobed(None, one, "float32", (300e9, "measured: before"))
   assert best == 300e9 and source.startswith("measured: before;")
   # Table peaks, unprobed processes, launched processes and clusters keep the first.
   launched = Topology("jax", "cpu", ("a", "b"), "Test CPU", num_processes=2)
@@ -142,14 +145,54 @@ def test_a_measured_peak_is_probed_again_and_the_higher_kept(monkeypatch):
                           (launched, (100e9, "measured: before")),
                           (cluster_of_one, (100e9, "measured: before"))):
     again.clear()
-    assert peak_lib.reprobed(topology, "float32", first) == first and again == []
+    assert peak_lib.reprobed(None, topology, "float32", first) == first and again == []
 
 
 def test_a_failing_second_probe_keeps_the_first(monkeypatch):
   from tf_tput.runtime.topology import Topology
-  def broken(topology, dtype):
+  def broken(runtime, topology, dtype):
     raise RuntimeError("the matmul of ones gave 0")
   monkeypatch.setattr(peak_lib, "peak", broken)
   first = (100e9, "measured: before")
-  assert peak_lib.reprobed(Topology("jax", "cpu", ("a",), "Test CPU"), "float32",
+  assert peak_lib.reprobed(None, Topology("jax", "cpu", ("a",), "Test CPU"), "float32",
                            first) == first
+
+
+MEASURED = ("measured: jax 2048x2048 float32 matmul on the host CPU (2 cores) = 212 "
+            "GFLOP/s, shared by 4 virtual device(s)")
+
+
+def test_short_source_is_a_few_words():
+  reprobed = (MEASURED + "; the higher of two probes, before and after the run (53 and "
+              "48 GFLOP/s per device)")
+  assert peak_lib.short_source(MEASURED) == "measured: jax matmul on the host CPU"
+  assert peak_lib.short_source(reprobed) == "measured: jax matmul on the host CPU"
+  worker = ("measured: tf 2048x2048 bfloat16 matmul on worker 0's CPU (127.0.0.1:2222) "
+            "= 90 GFLOP/s, shared by 2 virtual device(s)")
+  assert peak_lib.short_source(worker) == "measured: tf matmul on worker 0's CPU"
+  assert peak_lib.short_source("table:h200:bfloat16") == "table:h200:bfloat16"
+  assert peak_lib.short_source(peak_lib.NOT_PROBED) == peak_lib.NOT_PROBED
+  assert peak_lib.short_source("measured: test") == "measured: test"
+  none = peak_lib.table_peak("Tesla T4", "float32")[1]
+  assert peak_lib.short_source(none) == "no peak table entry for 'Tesla T4' at float32"
+  long = peak_lib.short_source("none: " + "x" * 200)
+  assert len(long) == peak_lib.SHORT_SOURCE_LIMIT and long.endswith("…")
+
+
+def test_source_kind_drops_what_was_measured():
+  kind = ("measured: jax 2048x2048 float32 matmul on the host CPU (2 cores), shared by 4 "
+          "virtual device(s)")
+  assert peak_lib.source_kind(MEASURED) == kind
+  assert peak_lib.source_kind(MEASURED.replace("212", "190") + "; the higher of two "
+                              "probes, before and after the run (48 and 53 GFLOP/s per "
+                              "device)") == kind
+  assert peak_lib.source_kind("table:h200:bfloat16") == "table:h200:bfloat16"
+  assert peak_lib.source_kind("measured: test") == "measured: test"
+
+
+@pytest.mark.parametrize("flops,label", [(212e9, "212 GFLOP/s"), (53.04e9, "53 GFLOP/s"),
+                                         (989.4e12, "989 TFLOP/s"),
+                                         (999.9e9, "1 TFLOP/s"),
+                                         (1.5e15, "1.5 PFLOP/s"), (12.5, "12.5 FLOP/s")])
+def test_flops_label(flops, label):
+  assert peak_lib.flops_label(flops) == label

@@ -47,3 +47,36 @@ def test_jax_pipeline_link_bytes_by_hand(num_islands):
   half = jax_pipeline.link_bytes(_experiment("ModelConfig.activation_dtype = 'bfloat16'"), 2)
   assert half == jax_pipeline.link_bytes(e, 2) // 2
   assert models.activation_bytes_per_element("bfloat16") == 2
+
+
+def test_a_mesh_that_does_not_split_names_the_mesh_to_pass():
+  """launch --islands=2 --num_processes=2 with --num_cpu_devices=2 and the default
+  one-device mesh: 4 devices run, so a 4-device batch-only mesh is the one to pass."""
+  from tf_tput import GIN_DIR
+  assert (GIN_DIR / "mesh" / "data4.gin").is_file()
+  single = config.load_experiment(["gin/models/t5_tiny.gin"])
+  with pytest.raises(UsageError) as raised:
+    islands.check_mesh(single, 2, ("data",), num_devices=4)
+  assert str(raised.value) == (
+      "batch axis 'batch' does not split into 2 islands; the mesh is 'batch:1' (1 device) "
+      "but 4 devices run: pass a mesh with 4 devices such as --gin_file=gin/mesh/data4.gin")
+  # The flag it names gives a mesh that splits.
+  islands.check_mesh(config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data4.gin"]),
+                     2, ("data",), num_devices=4)
+  # No mesh file of that size: the binding to pass.
+  with pytest.raises(UsageError, match=r"but 6 devices run: pass a mesh with 6 devices "
+                     r"such as --gin_param=\"MeshConfig.mesh_shape = 'batch:6'\"$"):
+    islands.check_mesh(single, 2, ("data",), num_devices=6)
+  # A device count that does not split, and an unknown one (accelerators).
+  with pytest.raises(UsageError, match="3 devices run, which do not split into 2 islands: "
+                     "run a multiple of 2 devices .* --gin_file=gin/mesh/data2.gin"):
+    islands.check_mesh(single, 2, ("data",), num_devices=3)
+  with pytest.raises(UsageError, match=r"the mesh is 'batch:1' \(1 device\): pass a mesh "
+                     r"over all the run's devices .* --gin_file=gin/mesh/data2.gin"):
+    islands.check_mesh(single, 2, ("data",))
+  # mtf splits the model inside islands: its mesh has all the devices, the batch 1.
+  model_only = config.load_experiment(["gin/models/t5_tiny.gin"],
+                                      ["MeshConfig.mesh_shape = 'batch:1;model:4'"])
+  with pytest.raises(UsageError, match=r"the mesh is 'batch:1;model:4' \(4 devices\) and 4 "
+                     "devices run: .* --gin_file=gin/mesh/data4.gin"):
+    islands.check_mesh(model_only, 2, ("data", "model"), num_devices=4)

@@ -59,26 +59,81 @@ def _fixture_records() -> list:
   ]
 
 
-def test_table1_ok_failed_missing_and_published():
+def test_table1_one_row_per_configuration_and_system():
   header, rows = tables.table1(_fixture_records())
-  assert header[7:10] == ["mtf tokens/s [spread]", "mtf MFU", "mtf runs"]
-  assert "jax/mtf" in header
-  assert header[-4:] == ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
-                         "published Pathways tokens/s (TPUv3)", "implied MFU (derived)"]
-  by_model = {row[0]: dict(zip(header, row)) for row in rows}
-  base = by_model["t5_base"]
-  assert base["mtf tokens/s [spread]"].startswith("110 ")  # median of 100 and 120
-  assert base["mtf runs"] == "2"
-  assert base["jax/mtf"] == f"{330 / 110:.2f}x"
-  assert (base["published TPUv3 cores"], base["published JAX tokens/s (TPUv3)"],
-          base["published Pathways tokens/s (TPUv3)"]) == ("32", "618,000", "618,000")
-  assert base["implied MFU (derived)"] == (
-      f"{100 * published.implied_mfu('t5_base', 618000, 32):.1f}%")
-  small = by_model["t5_small"]
-  assert small["jax tokens/s [spread]"] == "failed" and small["jax runs"] == "0 (1 failed)"
-  assert small["jax/mtf"] == "–" and small["published TPUv3 cores"] == "–"
+  assert header == ["model", "params", "dtype", "devices", "mesh", "strategy", "batch",
+                    "system", "runs", "tokens/s [spread]", "step median (s)", "MFU",
+                    "vs mtf", "published JAX / Pathways tokens/s (TPUv3 cores)",
+                    "implied MFU (derived)"]
+  by_row = {(row[0], row[7]): dict(zip(header, row)) for row in rows}
+  # The baseline first in each configuration; a system that did not run it has no row.
+  assert list(by_row) == [("t5_base", "mtf"), ("t5_base", "jax"), ("t5_small", "mtf"),
+                          ("t5_small", "jax"), ("decoder_tiny", "jax")]
+  base_mtf, base_jax = by_row[("t5_base", "mtf")], by_row[("t5_base", "jax")]
+  assert base_mtf["tokens/s [spread]"].startswith("110 ")  # median of 100 and 120
+  assert base_mtf["runs"] == "2" and base_mtf["step median (s)"] == "18.500"
+  assert base_mtf["vs mtf"] == "1.00x" and base_mtf["MFU"] == "25.0%"
+  assert base_jax["vs mtf"] == f"{330 / 110:.2f}x" and base_jax["runs"] == "1"
+  published_cells = (base_mtf["published JAX / Pathways tokens/s (TPUv3 cores)"],
+                     base_mtf["implied MFU (derived)"])
+  assert published_cells == (
+      "618,000 / 618,000 (32)", f"{100 * published.implied_mfu('t5_base', 618000, 32):.1f}%")
+  assert (base_jax["published JAX / Pathways tokens/s (TPUv3 cores)"],
+          base_jax["implied MFU (derived)"]) == published_cells  # on every system's row
+  small = by_row[("t5_small", "jax")]
+  assert (small["tokens/s [spread]"], small["runs"], small["vs mtf"]) == (
+      "failed", "0 (1 failed)", "–")
+  assert small["published JAX / Pathways tokens/s (TPUv3 cores)"] == "–"
   assert small["implied MFU (derived)"] == "–"
-  assert by_model["decoder_tiny"]["mtf tokens/s [spread]"] == "not run"
+  assert by_row[("decoder_tiny", "jax")]["vs mtf"] == "–"  # no mtf run to divide by
+
+
+def test_table1_adds_a_row_not_columns_per_system():
+  records = _fixture_records()
+  header, rows = tables.table1(records)
+  more = records + [train_record("t5_base", name, 200.0, run_id=name)
+                    for name in ("tf2", "pathways_like")]
+  more_header, more_rows = tables.table1(more)
+  assert more_header == header and len(more_rows) == len(rows) + 2
+  row = dict(zip(header, next(r for r in more_rows if r[7] == "tf2")))
+  assert row["vs mtf"] == f"{200 / 110:.2f}x"
+  # Without mtf the first system by name is the baseline.
+  header, rows = tables.table1([r for r in more if r["system"] != "mtf"])
+  assert "vs jax" in header
+  jax_row = dict(zip(header, next(r for r in rows if r[:1] == ["t5_base"] and r[7] == "jax")))
+  tf2_row = dict(zip(header, next(r for r in rows if r[7] == "tf2")))
+  assert jax_row["vs jax"] == "1.00x" and tf2_row["vs jax"] == f"{200 / 330:.2f}x"
+
+
+def test_peak_lines_list_each_distinct_peak_once():
+  host = ("measured: jax 2048x2048 float32 matmul on the host CPU (2 cores) = {} GFLOP/s, "
+          "shared by 1 virtual device(s)")
+  again = "; the higher of two probes, before and after the run (50 and {} GFLOP/s per device)"
+  records = [
+      train_record(system="jax", peak_flops_per_device=60e9, run_id="a",
+                   peak_source=host.format(60) + again.format(60)),
+      train_record(system="jax", peak_flops_per_device=93.4e9, run_id="b",
+                   peak_source=host.format(93) + again.format(93)),
+      train_record("t5_small", "jax", peak_flops_per_device=88e9, run_id="c",
+                   peak_source=host.format(88)),
+      train_record(system="mtf", peak_flops_per_device=989.4e12, run_id="d",
+                   peak_source="table:h200:bfloat16"),
+      train_record(system="mtf", peak_flops_per_device=None, mfu=None, run_id="e",
+                   peak_source="none: no peak table entry for 'Tesla T4' at float32")]
+  lines = tables.peak_lines(records)
+  text = "\n".join(lines)
+  assert len(lines) == 3, text  # one per distinct peak, however many runs used it
+  assert max(len(line) for l in lines for line in l.splitlines()) <= tables.PEAKS_WIDTH
+  assert " ".join(lines[0].split()) == (
+      "- measured: jax 2048x2048 float32 matmul on the host CPU (2 cores), shared by 1 "
+      "virtual device(s): 60–93.4 GFLOP/s/device; 3 run(s): jax t5_tiny batch:2;model:2 "
+      "×2, jax t5_small batch:2;model:2")
+  assert " ".join(lines[1].split()) == ("- none: no peak table entry for 'Tesla T4' at "
+                                        "float32: no peak; 1 run(s): mtf t5_tiny "
+                                        "batch:2;model:2")
+  assert lines[1].splitlines()[1].startswith("    ")  # wrapped lines are indented
+  assert lines[2].startswith("- table:h200:bfloat16: 989 TFLOP/s/device; 1 run(s): mtf")
+  assert "GFLOP/s per device" not in text  # the probes' own figures stay in the records
 
 
 def test_micro_table_statuses_and_order():
@@ -167,7 +222,7 @@ def test_report_markdown_sections():
                  "## Crossover (Fig. 6 style)", "| 1 | 2 | 3 | 3.4 | 90 | 300 |",
                  "## Published figures", published.CITATION, "## Conventions",
                  "| Pathways tokens/s | implied MFU (derived) |", "| 125,700 | 33.0% |",
-                 "decoder_3b at 1024 tokens (gin/suites/table2_paper.gin)",
+                 "decoder_3b at 1024 tokens (tf_tput/gin/suites/table2_paper.gin)",
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle
   assert "![step times" not in text  # not drawn, so not linked

@@ -221,4 +221,5 @@ def test_native_bfloat16_is_read_from_the_cpu_flags():
   assert provenance.native_bfloat16({"avx2", "fma"}) == []
   assert provenance.native_bfloat16({"avx512f", "avx512_bf16", "amx_bf16"}) == [
       "amx_bf16", "avx512_bf16"]
-  assert "cpu_bfloat16" in provenance.env([])
+  env = provenance.env([], {"jax": ("jax",), "nothing": ("no-such-distribution",)})
+  assert "cpu_bfloat16" in env and env["nothing"] is None and env["jax"]

@@ -110,8 +110,8 @@ GOOD = ("Suite.name = 's'\nSuite.matrices = [@TrainMatrix()]\n"
     ("Suite.name = ''\n", "Suite.name = ''"),
     ("Suite.name = \n", "line 4"),
     ("Nope.x = 1\n", "Nope"),
-    ("TrainMatrix.mtf_strategy = 'tpu'\n", "trains in bfloat16 activations"),
-    ("TrainMatrix.mtf_strategy = 'multi_worker'\nTrainMatrix.num_cpu_devices = 1\n",
+    ("TrainMatrix.strategy = 'tpu'\n", "trains in bfloat16 activations"),
+    ("TrainMatrix.strategy = 'multi_worker'\nTrainMatrix.num_cpu_devices = 1\n",
      "--num_cpu_devices applies to --strategy=local"),
     ("TrainMatrix.systems = ['mtf']\n"
      "TrainMatrix.gin_params = [\"ModelConfig.embedding = 'gather'\"]\n",
@@ -201,7 +201,7 @@ def test_an_old_record_without_a_run_key_is_read_but_matches_no_run(tmp_path):
 
 def test_dry_run_refuses_what_train_would_refuse_for_the_strategy(tmp_path):
   path = _write(tmp_path, GOOD + "TrainMatrix.systems = ['mtf']\n"
-                "TrainMatrix.mtf_strategy = 'tpu'\n")
+                "TrainMatrix.strategy = 'tpu'\n")
   [run] = suites.expand(suites.load(path))
   with pytest.raises(UsageError) as info:
     suites.validate(run)
@@ -266,7 +266,7 @@ def test_mtf_islands_runs_are_tf_workers_with_the_key_train_computes():
       for rate in ("none", "100mbit", "20mbit")]
   assert all(run.strategy == "multi_worker" and "num_cpu_devices" not in run.flags
              and run.flags["strategy"] == "multi_worker" for run in runs)
-  assert "2 TF workers, 2 islands at 20mbit" in runs[-1].label
+  assert "2 workers, 2 islands at 20mbit" in runs[-1].label
   # train's key under the launcher: the chief is one process, the islands from the env
   fields = keys.launch_fields(1, 2, "20mbit")
   assert runs[-1].key == keys.run_key("mtf", runs[-1].flags["gin_file"],

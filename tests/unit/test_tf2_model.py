@@ -120,7 +120,7 @@ def test_adafactor_learning_rate_and_decay_follow_mtf_step():
 
 def test_system_is_registered_and_data_parallel_only():
   system = systems.load("tf2")
-  assert (system.name, system.framework, system.multi_process, system.pipelines,
+  assert (system.name, system.runtime.name, system.multi_process, system.pipelines,
           system.strategies, system.every_worker) == (
       "tf2", "tf", True, False, ("local", "multi_worker", "tpu"), True)
   assert system.embeddings == ("one_hot", "gather")

@@ -13,6 +13,7 @@ import pytest
 from absl import flags
 
 from tf_tput import config, systems
+from tf_tput.frameworks import tf_tpu
 from tf_tput.runtime import topology, tpu
 from tf_tput.errors import UsageError
 from tf_tput.systems import mtf_model
@@ -37,14 +38,14 @@ def test_good_tpu_flags_name_the_tpu():
 
 
 def test_a_tpu_address_resolves_to_its_master_and_cluster():
-  resolver = tpu.cluster_resolver(tpu.TpuAddress("grpc://10.0.0.2:8470"))
+  resolver = tf_tpu.cluster_resolver(tpu.TpuAddress("grpc://10.0.0.2:8470"))
   assert isinstance(resolver, tf.distribute.cluster_resolver.TPUClusterResolver)
   assert resolver.master() == "grpc://10.0.0.2:8470"
   assert resolver.cluster_spec().as_dict() == {"worker": ["10.0.0.2:8470"]}
-  config_proto = tpu.session_config(tf, resolver)
+  config_proto = tf_tpu.session_config(tf, resolver)
   assert config_proto.isolate_session_state
   assert [job.name for job in config_proto.cluster_def.job] == ["worker"]
-  assert tpu.accelerator_kind(resolver).startswith("TPU (type unknown")
+  assert tf_tpu.accelerator_kind(resolver).startswith("TPU (type unknown")
 
 
 def _v3_8():
@@ -55,14 +56,14 @@ def _v3_8():
 
 
 def test_the_device_assignment_puts_one_replica_on_each_core():
-  assignment = tpu.device_assignment(tf, _v3_8(), 8)
+  assignment = tf_tpu.device_assignment(tf, _v3_8(), 8)
   assert assignment.num_replicas == 8 and assignment.num_cores_per_replica == 1
   cores = {tuple(assignment.coordinates(r, 0)) for r in range(8)}
   assert len(cores) == 8
   assert {assignment.tpu_device(replica=r) for r in range(8)} == {
       f"/task:0/device:TPU:{i}" for i in range(8)}
   with pytest.raises(UsageError, match="needs 16 TPU cores but the slice has 8"):
-    tpu.device_assignment(tf, _v3_8(), 16)
+    tf_tpu.device_assignment(tf, _v3_8(), 16)
 
 
 def _experiment(mesh_shape: str):
@@ -77,7 +78,7 @@ def test_tpus_get_the_simd_mesh_implementation_other_devices_the_placement_one()
   if not flags.FLAGS.is_parsed():  # mtf's 4-D -> 3-D physical shape reads --fold_xy
     flags.FLAGS.mark_as_parsed()
   experiment = _experiment("batch:4;model:2")
-  assignment = tpu.device_assignment(tf, _v3_8(), 8)
+  assignment = tf_tpu.device_assignment(tf, _v3_8(), 8)
   on_tpu = topology.Topology("tf", "tpu", tuple(f"tpu{i}" for i in range(8)), "TPU v3",
                              strategy="tpu", handles={"device_assignment": assignment})
   impl = mtf_model.mesh_impl(mtf, experiment, on_tpu)
@@ -100,7 +101,7 @@ def _v3_8_simd_impl(mesh_shape: str, layout: str):
       f"MeshConfig.mesh_shape = '{mesh_shape}'", f"MeshConfig.layout = '{layout}'"])
   on_tpu = topology.Topology("tf", "tpu", tuple(f"tpu{i}" for i in range(8)), "TPU v3",
                              strategy="tpu",
-                             handles={"device_assignment": tpu.device_assignment(
+                             handles={"device_assignment": tf_tpu.device_assignment(
                                  tf, _v3_8(), 8)})
   return mtf, experiment, on_tpu, mtf_model.mesh_impl(mtf, experiment, on_tpu)
 
@@ -187,7 +188,7 @@ def test_an_unknown_tpu_type_names_the_known_ones(tpu_type):
 
 def test_without_an_api_answer_the_kind_is_unknown_and_gets_no_peak():
   from tf_tput.measure import peak
-  kind = tpu.accelerator_kind(object())  # a resolver with no Cloud TPU client
+  kind = tf_tpu.accelerator_kind(object())  # a resolver with no Cloud TPU client
   assert kind.startswith("TPU (type unknown")
   assert peak.table_peak(kind, "bfloat16")[0] is None  # hence --tpu_type
 
@@ -198,9 +199,9 @@ def test_tf2_goes_to_a_tpu_through_tpustrategy_checked_before_tf_starts():
   float32 in one line; tf2 is a program TPUStrategy runs (topology's every_worker)."""
   bf16 = config.load_experiment(["gin/models/t5_tiny.gin"],
                                 ["ModelConfig.activation_dtype = 'bfloat16'"])
-  topology.check_strategy("tf2", "tpu", bf16)
+  systems.check_strategy("tf2", "tpu", bf16)
   with pytest.raises(UsageError, match="--strategy=tpu trains in bfloat16"):
-    topology.check_strategy("tf2", "tpu", config.load_experiment(["gin/models/t5_tiny.gin"]))
+    systems.check_strategy("tf2", "tpu", config.load_experiment(["gin/models/t5_tiny.gin"]))
   tf2 = systems.load("tf2")
   assert tf2.every_worker and "tpu" in tf2.strategies
 

@@ -4,7 +4,7 @@ TF's single-controller mode, as the paper's TF baseline ran: the train process i
 cluster's chief. It starts its own tf.distribute.Server (job "chief", task 0) and its
 Session on that server is the master that drives, in one graph, a mesh over every
 device of the "worker" job. Workers are plain tf.distribute.Server processes
-(tf_tput.runtime.tf_server; tf_tput.launch --num_workers starts them on loopback).
+(tf_tput.frameworks.tf_server; tf_tput.launch --num_workers starts them on loopback).
 
     TF_CONFIG={"cluster": {"chief": ["127.0.0.1:P0"], "worker": ["127.0.0.1:P1", ...]},
                "task": {"type": "chief", "index": 0}}
@@ -69,7 +69,7 @@ def parse_tf_config(text: str) -> tuple:
   if task != {"type": CHIEF, "index": 0}:
     raise UsageError(f"{ENV}'s task is {task!r} but this process drives the run: it must "
                      f"be {{\"type\": \"{CHIEF}\", \"index\": 0}} (workers run python -m "
-                     "tf_tput.runtime.tf_server)")
+                     "tf_tput.frameworks.tf_server)")
   workers = [Worker(i, address) for i, address in enumerate(cluster[WORKER])]
   return cluster[CHIEF][0], workers
 
@@ -139,7 +139,7 @@ def with_devices(workers: list, device_names: list) -> list:
     gpus = [d for (kind, _), d in mine if kind == "GPU"]
     chosen = gpus or [d for (kind, _), d in mine if kind == "CPU"]
     if not chosen:
-      raise UsageError(f"{w} lists no devices; is it a tf_tput.runtime.tf_server of this cluster?")
+      raise UsageError(f"{w} lists no devices; is it a tf_tput.frameworks.tf_server of this cluster?")
     out.append(dataclasses.replace(w, devices=tuple(chosen)))
   return out
 

@@ -2,7 +2,7 @@
 
     TF_CONFIG='{"cluster": {"chief": ["127.0.0.1:P0"], "worker": ["127.0.0.1:P1"]},
                 "task": {"type": "worker", "index": 0}}' \
-        python -m tf_tput.runtime.tf_server --devices=2 --lifetime_s=3600
+        python -m tf_tput.frameworks.tf_server --devices=2 --lifetime_s=3600
 
 tf_tput.launch (--num_workers) and the TF micro-benchmark start one per worker and stop
 it when their run ends. The cluster, this task's job and index come from TF_CONFIG

@@ -3,7 +3,7 @@ they die, stopped.
 
 Shared by tf_tput.launch --num_workers (the chief is the launched command) and the TF
 micro-benchmark (its client drives worker 0 as master). Each worker is a
-tf_tput.runtime.tf_server process in its own session, told its task through TF_CONFIG, with
+tf_tput.frameworks.tf_server process in its own session, told its task through TF_CONFIG, with
 its output in a log file whose end is quoted when it fails.
 """
 
@@ -16,28 +16,15 @@ import tempfile
 import time
 
 import tf_tput
-from tf_tput.runtime import cluster, processes
-from tf_tput.runtime.tf_server import READY_MARKER
+from tf_tput.frameworks import tf_cluster as cluster
+from tf_tput.runtime import processes
+from tf_tput.frameworks.tf_server import READY_MARKER
 
-SERVER_MODULE = "tf_tput.runtime.tf_server"
+SERVER_MODULE = "tf_tput.frameworks.tf_server"
 POLL_S = 0.05
 WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
 UNBOUNDED_LIFETIME_S = 7 * 24 * 3600.0  # workers still exit with their launcher
 LOG_TAIL_LINES = 10
-
-
-def busy_ports(ports) -> list:
-  """The ports of `ports` that something already listens on (TF binds the wildcard)."""
-  busy = []
-  for port in ports:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-      s.bind(("", port))
-    except OSError:
-      busy.append(port)
-    finally:
-      s.close()
-  return busy
 
 
 # Logical CPU devices each worker of launch_every_worker configures for itself.

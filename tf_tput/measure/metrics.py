@@ -33,14 +33,6 @@ def peak_host_memory_bytes() -> int:
   return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
 
 
-def tf_gpu_peak_bytes(tf, gpu_names: Sequence[str]) -> Optional[int]:
-  """Peak bytes TensorFlow allocated on these GPUs ('GPU:0', ...); None without any:
-  TF reports no device memory for CPUs."""
-  if not gpu_names:
-    return None
-  return sum(tf.config.experimental.get_memory_info(name)["peak"] for name in gpu_names)
-
-
 def summarize(measurement, experiment, num_devices: int,
               peak_flops_per_device: Optional[float]) -> dict:
   """The throughput fields of a result record from one measured run."""

@@ -82,49 +82,15 @@ def check_matmul_corner(corner, n: int, where: str) -> None:
                        f"not {n}: the peak probe did not multiply what it timed")
 
 
-def matmul_runner(topology, n: int, dtype: str) -> Callable[[], None]:
-  """A callable that runs one n x n x n matmul of ones on the first device, waits for
-  it and checks its result (check_matmul_corner). The matrix is an input (a device
-  array, a tensor, a variable), never a constant a compiler could fold."""
-  where = f"{topology.framework} {dtype} peak probe"
-  if topology.framework == "jax":
-    import jax
-    import jax.numpy as jnp
-    device = jax.local_devices()[0]
-    a = jax.device_put(jnp.ones((n, n), dtype=dtype), device)
-    corner = jax.jit(lambda a: jnp.matmul(a, a)[0, 0])  # the whole product is computed
-    return lambda: check_matmul_corner(corner(a), n, where)  # reading a value waits
-  import tensorflow as tf
-
-  if topology.session_target:
-    return _session_matmul_runner(tf, topology, n, dtype, where)
-  with tf.device(topology.devices[0]):
-    a = tf.ones([n, n], dtype=dtype)
-    b = tf.identity(a)
-
-  def run():
-    with tf.device(topology.devices[0]):
-      check_matmul_corner(tf.cast(tf.matmul(a, b)[0, 0], tf.float32), n, where)
-  return run
-
-
-def _session_matmul_runner(tf, topology, n: int, dtype: str, where: str):
-  """The matmul on the first device of a cluster, run through the cluster's master."""
-  graph = tf.Graph()
-  with graph.as_default(), tf.device(topology.devices[0]):
-    a = tf.Variable(tf.ones([n, n], dtype=dtype))
-    corner = tf.cast(tf.matmul(a, a)[0, 0], tf.float32)
-  session = tf.compat.v1.Session(topology.session_target, graph=graph)
-  session.run(a.initializer)
-  return lambda: check_matmul_corner(session.run(corner), n, where)
-
-
-def peak(topology, dtype: str) -> tuple:
-  """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else."""
+def peak(runtime, topology, dtype: str) -> tuple:
+  """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else.
+  The runtime (tf_tput/frameworks/) runs the matmul: one n x n x n matmul of ones on
+  the first device, waited for and checked (check_matmul_corner); the matrix is an
+  input, never a constant a compiler could fold."""
   if topology.platform != "cpu":
     return table_peak(topology.device_kind, dtype)
   n = MATMUL_PEAK_SIZE
-  whole_cpu = measure_matmul_peak(matmul_runner(topology, n, dtype))
+  whole_cpu = measure_matmul_peak(runtime.matmul_runner(topology, n, dtype))
   # Devices that share one CPU share its peak: all of them on this host, else a worker's.
   sharing = (topology.num_devices if topology.shares_host_cpu
              else len(topology.workers[0].devices))
@@ -135,7 +101,7 @@ def peak(topology, dtype: str) -> tuple:
   return whole_cpu / sharing, source
 
 
-def reprobed(topology, dtype: str, first: tuple) -> tuple:
+def reprobed(runtime, topology, dtype: str, first: tuple) -> tuple:
   """A measured CPU peak, probed again after the run and the higher kept. A VM's
   cores can be slower for a second or two (seen here: 112 GFLOP/s, then 212 a minute
   later and in the same run's steps), and a low peak inflates MFU, past 100% at
@@ -148,7 +114,7 @@ def reprobed(topology, dtype: str, first: tuple) -> tuple:
       or topology.session_target or topology.workers):
     return first
   try:
-    again, again_source = peak(topology, dtype)
+    again, again_source = peak(runtime, topology, dtype)
   except Exception:  # pylint: disable=broad-except
     return first
   best, best_source = max(first, (again, again_source), key=lambda p: p[0])
@@ -159,41 +125,62 @@ def reprobed(topology, dtype: str, first: tuple) -> tuple:
 NOT_PROBED = "not measured on this process"
 
 
-def probe_alone(topology, dtype: str, probes: bool) -> tuple:
+def probe_alone(runtime, topology, dtype: str, probes: bool) -> tuple:
   """peak() in the one process that probes, while no other process computes.
 
-  The processes of tf_tput.launch --num_processes share this host's cores: a peer
-  still compiling its trainer would slow the probe's matmuls and understate the
-  peak. So every JAX process waits at a barrier before the probe and another after
-  it, and only then builds its trainer; so do tf2's multi_worker workers, which all
-  run the program. mtf's multi_worker needs none: only the chief runs train and
-  builds the graph; the workers are tf.distribute servers that run nothing but what
-  the chief's session sends them, and the chief probes before it builds the trainer.
-  Returns (None, NOT_PROBED) in the processes that do not probe.
+  The processes of tf_tput.launch share this host's cores: a peer still compiling its
+  trainer would slow the probe's matmuls and understate the peak. So every process
+  that runs the program waits at the runtime's barrier before the probe and another
+  after it, and only then builds its trainer. A chief that drives worker servers
+  needs none: the servers run nothing but what its session sends them, and it probes
+  before it builds the trainer. Returns (None, NOT_PROBED) in the processes that do
+  not probe.
   """
-  barrier = _barrier(topology)
+  barrier = runtime.barrier(topology)
   barrier("before the peak probe")
-  result = peak(topology, dtype) if probes else (None, NOT_PROBED)
+  result = peak(runtime, topology, dtype) if probes else (None, NOT_PROBED)
   barrier("after the peak probe")
   return result
 
 
-def _barrier(topology) -> Callable[[str], None]:
-  """A wait for every process of the run: JAX processes' global sync, or for TF
-  workers that all run the program (tf2 multi_worker) an all-reduce over their
-  strategy; nothing for one process or a TF chief that drives servers."""
-  if topology.num_processes == 1:
-    return lambda name: None
-  if topology.framework == "jax":
-    from jax.experimental import multihost_utils
-    return multihost_utils.sync_global_devices
-  strategy = topology.handles.get("strategy")
-  if strategy is None:
-    return lambda name: None
-  import tensorflow as tf
+# --------------------------------------------------------------------------------
+# A peak_source in fewer words, for one-line summaries and report footers. The
+# record keeps the whole text; these only shorten it.
 
-  @tf.function
-  def all_reduce():
-    return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.constant(1.0)))
-  return lambda name: all_reduce()
+SHORT_SOURCE_LIMIT = 64  # characters of short_source, at most
+
+
+def short_source(peak_source: str, limit: int = SHORT_SOURCE_LIMIT) -> str:
+  """'table:h200:bfloat16' as it is; a CPU probe ('measured: jax 2048x2048 float32
+  matmul on the host CPU (2 cores) = 212 GFLOP/s, shared by ...') as 'measured: jax
+  matmul on the host CPU'; anything else (no table entry, not probed) without its
+  'none: ' and cut to `limit` characters."""
+  text = peak_source
+  head = peak_source.split(" = ")[0].split(";")[0]
+  if head.startswith("measured: ") and " matmul on " in head:
+    framework = head[len("measured: "):].split(" ")[0]
+    where = head.split(" matmul on ", 1)[1].split(" (")[0]
+    text = f"measured: {framework} matmul on {where}"
+  elif peak_source.startswith("none: "):
+    text = peak_source[len("none: "):]
+  return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def source_kind(peak_source: str) -> str:
+  """A peak_source without what the probe measured: the same probe on the same
+  devices gives the same kind in every run ('measured: jax 2048x2048 float32 matmul on
+  the host CPU (2 cores), shared by 4 virtual device(s)'); a table entry is itself."""
+  first = peak_source.split("; the higher of")[0]
+  head, sep, rest = first.partition(" = ")
+  if not sep:
+    return first
+  shared = rest.partition(", shared by ")[2]
+  return head + (f", shared by {shared}" if shared else "")
+
+
+def flops_label(flops_per_sec: float) -> str:
+  """212e9 -> '212 GFLOP/s', 989.4e12 -> '989 TFLOP/s': three significant digits."""
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6)):
+    if flops_per_sec >= scale * 0.9995:  # 999.9e9 rounds to 1 TFLOP/s
+      return f"{flops_per_sec / scale:.3g} {unit}FLOP/s"
+  return f"{flops_per_sec:.3g} FLOP/s"

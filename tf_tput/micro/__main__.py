@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import micro
+from tf_tput import micro, systems
 from tf_tput.micro import sizing
 from tf_tput.records import build, keys, provenance, results
 from tf_tput import errors
@@ -59,7 +59,7 @@ def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_m
                                     spec.devices_per_host, spec.chain_length,
                                     spec.computations, spec.matmul_n, keys.code_version()),
   }, [{"platform": "cpu", "kind": provenance.cpu_model(), "count": spec.num_devices}],
-      status=status, error=error)
+      systems.distributions(), status=status, error=error)
 
 
 def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None) -> dict:

@@ -14,7 +14,7 @@ from absl import app
 from absl import flags
 
 from tf_tput import micro
-from tf_tput.runtime import topology
+from tf_tput.frameworks import jax_runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("spec", None, "micro.Spec as JSON.", required=True)
@@ -65,7 +65,7 @@ def _value(x) -> int:
 def main(argv) -> int:
   del argv
   spec = micro.Spec(**json.loads(FLAGS.spec))
-  topo = topology.resolve("jax", spec.devices_per_host)
+  topo = jax_runtime.RUNTIME.resolve(spec.devices_per_host)
   import jax
   from jax.experimental import multihost_utils
 

@@ -1,7 +1,7 @@
 """TF single controller: one client Session drives every host's devices (the paper's TF).
 
-Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.runtime.tf_server
-through tf_tput.runtime.tf_workers: job "worker", task i from TF_CONFIG, devices_per_host
+Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.frameworks.tf_server
+through tf_tput.frameworks.tf_workers: job "worker", task i from TF_CONFIG, devices_per_host
 logical CPU devices from ConfigProto(device_count={"CPU": k})), on a free port of
 127.0.0.1. run() starts them in their own sessions, waits (within spec.timeout_s)
 until each prints that it serves, checks with Session.list_devices() that every
@@ -75,7 +75,7 @@ import tempfile
 import time
 
 from tf_tput import micro
-from tf_tput.runtime import cluster as cluster_lib, tf_workers
+from tf_tput.frameworks import tf_cluster as cluster_lib, tf_workers
 from tf_tput.errors import UsageError
 
 MODES = ("opbyop", "chained", "fused")

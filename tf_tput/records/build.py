@@ -16,13 +16,14 @@ def utc_now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def record(schema: str, fields: dict, accelerators: list, *, status: str, error=None,
-           run_id=None, started_at=None) -> dict:
-  """A `schema` record in its schema's field order. Fields the schema does not know
+def record(schema: str, fields: dict, accelerators: list, distributions: dict, *,
+           status: str, error=None, run_id=None, started_at=None) -> dict:
+  """A `schema` record in its schema's field order; env carries the versions of
+  `distributions` (tf_tput.systems.distributions()). Fields the schema does not know
   are kept (after the known ones), so results.validate names them."""
   whole = {"schema": schema, "run_id": run_id or new_run_id(),
            "started_at": started_at or utc_now(), "status": status, "error": error,
-           **fields, "env": provenance.env(accelerators),
+           **fields, "env": provenance.env(accelerators, distributions),
            "git_commit": provenance.git_commit()}
   ordered = {key: whole.pop(key) for key in results.fields_of(schema) if key in whole}
   ordered.update(whole)

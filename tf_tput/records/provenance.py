@@ -2,19 +2,16 @@
 
 import importlib.metadata
 import os
+import pathlib
 import platform
 import subprocess
 import sys
 
 from tf_tput import REPO_ROOT
 
-# env key -> distribution whose version it records (None when not installed).
-DISTRIBUTIONS = {
-    "tensorflow": ("tensorflow", "tensorflow-cpu"),
-    "mesh_tensorflow": ("mesh-tensorflow",),
-    "jax": ("jax",),
-    "numpy": ("numpy",),
-}
+# env key -> distributions its version is read from (None when not installed): what
+# every run uses; each system adds what it is built from (System.distributions).
+DISTRIBUTIONS = {"numpy": ("numpy",)}
 
 
 def _version(names) -> str | None:
@@ -61,20 +58,28 @@ def native_bfloat16(flags=None) -> list:
   return [flag for flag in NATIVE_BFLOAT16_FLAGS if flag in flags]
 
 
-def env(accelerators: list) -> dict:
+def env(accelerators: list, distributions: dict) -> dict:
+  """A record's env: versions of DISTRIBUTIONS and of `distributions` (every
+  registered system's, tf_tput.systems.distributions()), and the hardware."""
   out = {"python": sys.version.split()[0]}
-  out.update({key: _version(names) for key, names in DISTRIBUTIONS.items()})
+  out.update({key: _version(names)
+              for key, names in {**distributions, **DISTRIBUTIONS}.items()})
   out.update(platform=platform.platform(), cpu=cpu_model(), cpu_count=os.cpu_count(),
              cpu_bfloat16=native_bfloat16(), accelerators=accelerators)
   return out
 
 
 def git_commit() -> str | None:
-  """HEAD of the checkout, with "+dirty" when tracked files differ from it."""
+  """HEAD of the checkout the package runs from, with "+dirty" when tracked files
+  differ from it; None when installed (site-packages is no checkout of tf_tput, even
+  inside some other repository's tree, as a .venv in a clone is)."""
   def git(*args):
     return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
                           text=True, timeout=10)
   try:
+    top = git("rev-parse", "--show-toplevel")
+    if top.returncode or pathlib.Path(top.stdout.strip()).resolve() != REPO_ROOT.resolve():
+      return None
     head = git("rev-parse", "HEAD")
     if head.returncode:
       return None

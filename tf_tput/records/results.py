@@ -49,8 +49,10 @@ FIELDS = {
     "run_key": str,  # tf_tput.records.keys.run_key: what a suite resumes by
 }
 STEP_TIME_KEYS = ("median", "mean", "p10", "p90", "min", "max")
-ENV_KEYS = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform", "cpu",
-            "accelerators")
+# What every record's env holds; it also holds the version of each registered system's
+# libraries (System.distributions: tensorflow, mesh_tensorflow, jax, ...; None when
+# not installed), which records of a system added later lack.
+ENV_KEYS = ("python", "numpy", "platform", "cpu", "accelerators")
 STATUSES = ("ok", "failed")
 
 # Dispatch micro-benchmark records (tf_tput.micro); computations counted per repeat.

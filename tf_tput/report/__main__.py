@@ -12,6 +12,7 @@ with their line numbers and skipped; the rest is read.
 import csv
 import os
 import sys
+import textwrap
 
 from absl import app
 from absl import flags
@@ -64,11 +65,13 @@ def _aligned(header: list, rows: list) -> str:
 def _console(train: list, micro: list) -> None:
   if train:
     print(tables.format_table(train))
-    peaks = sorted({r["peak_source"] for r in train})
-    print("\nMFU peak: " + "; ".join(peaks))
-    print("tokens/s counts non-padding tokens over measured steps (warmup excluded); "
-          "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
-          "the best peak measured on the same hardware and dtype in these files.")
+    print("\nMFU peaks, each once (every record's peak_source has the whole text):")
+    print("\n".join(tables.peak_lines(train)))
+    print(textwrap.fill(
+        "tokens/s counts non-padding tokens over measured steps (warmup excluded); "
+        "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
+        "the best peak measured on the same hardware and dtype in these files.",
+        tables.PEAKS_WIDTH))
   scalar = [r for r in micro if not r["matmul_n"]]
   if scalar:
     if train:

@@ -34,8 +34,8 @@ CONVENTIONS = [
 
 def _implied_note() -> str:
   by_suite = tables.group(published.PAPER_SUITES, published.PAPER_SUITES.get)
-  lengths = "; ".join(f"{', '.join(models)} at {_lengths(models[0])} (gin/suites/{suite}.gin)"
-                      for suite, models in by_suite.items())
+  lengths = "; ".join(f"{', '.join(models)} at {_lengths(models[0])} "
+                      f"(tf_tput/gin/suites/{suite}.gin)" for suite, models in by_suite.items())
   key = published.TPU_PEAK_KEY
   return (f"{tables.IMPLIED_MFU} is this report's arithmetic, not the paper's: "
           "published tokens/s × model FLOPs per token (the convention below) / (TPUv3 "
@@ -79,11 +79,14 @@ def _published_section() -> list:
 def _train_section(train: list, plots: dict) -> list:
   header, rows = tables.table1(train)
   out = ["## Training throughput (Table 1 style)", "", tables.markdown(header, rows), "",
-         "tokens/s: median over ok runs of the configuration, [spread]; MFU: median "
-         "against each run's own peak; ratios divide medians on the same "
-         "configuration. The published columns are the paper's figures for a model of "
-         f"the same name on TPUv3 at the paper's core counts ({published.CITATION}); "
-         "another machine and scale, never divided by a local figure.", ""]
+         "One row per configuration and system. tokens/s: median over the system's ok "
+         "runs of the configuration, [spread]; step median: the median of those runs' "
+         "median step times; MFU: median against each run's own peak; "
+         f"vs {tables.baseline_system(train)}: the row's median tokens/s over that "
+         "system's on the same configuration. The published columns are the paper's "
+         "figures for a model of the same name on TPUv3 at the paper's core counts "
+         f"({published.CITATION}), the same on every system's row; another machine and "
+         "scale, never divided by a local figure.", ""]
   if plots.get("tokens_per_sec"):
     out += [f"![tokens/s per system and model]({plots['tokens_per_sec']})", ""]
   if any(r["arch"] == "decoder" for r in train):

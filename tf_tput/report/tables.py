@@ -7,8 +7,10 @@ tokens_band, and used by every table, plot and comparison.
 
 import json
 import statistics
+import textwrap
 
-from tf_tput import micro
+from tf_tput import micro, systems
+from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
 from tf_tput.report import published
 
@@ -108,6 +110,36 @@ def format_table(records: list) -> str:
   return "\n".join(lines)
 
 
+PEAKS_WIDTH = 100  # columns the peak footer wraps at
+
+
+def peak_lines(records: list) -> list:
+  """The peaks records' MFU is against, each distinct one once: one bullet per probe
+  or table entry (peak.source_kind: what was measured, where, shared by how many
+  devices), the per-device range its runs got and which runs used it, wrapped for a
+  terminal. Each record's peak_source keeps the whole text."""
+  lines = []
+  for kind, runs in sorted(group(records, lambda r: peak_lib.source_kind(
+      r["peak_source"])).items()):
+    values = [r["peak_flops_per_device"] for r in runs if r["peak_flops_per_device"]]
+    low, high = ((peak_lib.flops_label(min(values)), peak_lib.flops_label(max(values)))
+                 if values else (None, None))
+    if not values:
+      got = "no peak"
+    elif low == high:
+      got = f"{low}/device"
+    else:  # '59.8–93.4 GFLOP/s' where both have the same unit
+      unit = high.split(" ")[1]
+      got = f"{low.split(' ')[0] if low.endswith(unit) else low}–{high}/device"
+    who = ", ".join(f"{system} {model} {mesh}" + (f" ×{len(same)}" if len(same) > 1 else "")
+                    for (system, model, mesh), same in group(
+                        runs, lambda r: (r["system"], r["model"], r["mesh_shape"])).items())
+    lines.append(textwrap.fill(f"- {kind}: {got}; {len(runs)} run(s): {who}",
+                               PEAKS_WIDTH, subsequent_indent="    ",
+                               break_on_hyphens=False))
+  return lines
+
+
 # --------------------------------------------------------------------------------
 # Grouping and spread, shared by report.md, the plots and --compare.
 
@@ -205,48 +237,56 @@ def percent(fraction: float) -> str:
   return f"{100 * fraction:.1f}%"
 
 
-def table1(records: list) -> tuple:
-  """(header, rows): one row per configuration, per system its tokens/s with spread
-  and MFU, each system's ratio to the baseline, then the published figures and the
-  MFU they imply on TPUv3 (published.implied_mfu; Pathways' figure, which Table 1's
-  JAX figure equals)."""
+def baseline_system(records: list) -> str:
+  """The system ratios divide by: mtf where the records have it, else the first name."""
   names = systems_in(records)
-  header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch"]
-  for s in names:
-    header += [f"{s} tokens/s [spread]", f"{s} MFU", f"{s} runs"]
-  header += [f"{s}/{BASELINE_SYSTEM}" for s in names if s != BASELINE_SYSTEM]
-  header += ["published TPUv3 cores", "published JAX tokens/s (TPUv3)",
-             "published Pathways tokens/s (TPUv3)", IMPLIED_MFU]
-  by_config = group(records, row_key)
+  return names[0] if names else BASELINE_SYSTEM
+
+
+PUBLISHED_TOKENS = "published JAX / Pathways tokens/s (TPUv3 cores)"
+
+
+def table1(records: list) -> tuple:
+  """(header, rows): one row per configuration and system, baseline first, so that
+  another system adds rows, not columns: its tokens/s with spread, median step time,
+  MFU and runs, its ratio to the baseline system's tokens/s on the same configuration
+  (baseline_system), then the configuration's published figures and the MFU they
+  imply on TPUv3 (published.implied_mfu; Pathways' figure, which Table 1's JAX figure
+  equals)."""
+  names, baseline = systems_in(records), baseline_system(records)
+  header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch", "system",
+            "runs", "tokens/s [spread]", "step median (s)", "MFU", f"vs {baseline}",
+            PUBLISHED_TOKENS, IMPLIED_MFU]
   rows = []
-  for runs in by_config.values():
+  for runs in group(records, row_key).values():
     first = runs[0]
-    row = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", dtype_label(first),
-           str(first["num_devices"]), first["mesh_shape"], first["strategy"],
-           str(first["global_batch"])]
-    medians = {}
-    for s in names:
-      ok = [r for r in runs if r["system"] == s and r["status"] == "ok"]
-      failed = [r for r in runs if r["system"] == s and r["status"] != "ok"]
-      if ok:
-        median, low, high = tokens_band(ok)
-        medians[s] = median
-        mfus = [r["mfu"] for r in ok if r["mfu"] is not None]
-        row += [f"{median:,.0f} [{_si(low)}–{_si(high)}]",
-                f"{100 * statistics.median(mfus):.1f}%" if mfus else "–",
-                f"{len(ok)}" + (f" (+{len(failed)} failed)" if failed else "")]
-      else:
-        row += ["failed" if failed else "not run", "–",
-                f"0 ({len(failed)} failed)" if failed else "0"]
-    for s in names:
-      if s != BASELINE_SYSTEM:
-        row.append(f"{medians[s] / medians[BASELINE_SYSTEM]:.2f}x"
-                   if s in medians and BASELINE_SYSTEM in medians else "–")
+    config = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", dtype_label(first),
+              str(first["num_devices"]), first["mesh_shape"], first["strategy"],
+              str(first["global_batch"])]
     pub = published.table_row(first)
-    row += ([str(pub[1]), f"{pub[2]:,}" if pub[2] else "–", f"{pub[3]:,}",
-             percent(published.implied_mfu(first["model"], pub[3], pub[1]))] if pub
-            else ["–", "–", "–", "–"])
-    rows.append(row)
+    pub_cells = ([f"{f'{pub[2]:,}' if pub[2] else '–'} / {pub[3]:,} ({pub[1]})",
+                  percent(published.implied_mfu(first["model"], pub[3], pub[1]))] if pub
+                 else ["–", "–"])
+    ok_of = {s: [r for r in runs if r["system"] == s and r["status"] == "ok"]
+             for s in names}
+    base = tokens_band(ok_of[baseline])[0] if ok_of[baseline] else None
+    for s in names:
+      ok, failed = ok_of[s], [r for r in runs if r["system"] == s and r["status"] != "ok"]
+      if not ok and not failed:
+        continue  # not run on this configuration: no row
+      count = f"{len(ok)}" + (f" (+{len(failed)} failed)" if failed and ok else
+                              f" ({len(failed)} failed)" if failed else "")
+      if not ok:
+        rows.append(config + [s, count, "failed", "–", "–", "–"] + pub_cells)
+        continue
+      median, low, high = tokens_band(ok)
+      mfus = [r["mfu"] for r in ok if r["mfu"] is not None]
+      steps = [r["step_time_s"]["median"] for r in ok]
+      rows.append(config + [
+          s, count, f"{median:,.0f} [{_si(low)}–{_si(high)}]",
+          f"{statistics.median(steps):.3f}",
+          f"{100 * statistics.median(mfus):.1f}%" if mfus else "–",
+          f"{median / base:.2f}x" if base else "–"] + pub_cells)
   return header, rows
 
 
@@ -318,7 +358,11 @@ def crossover_table(records: list) -> tuple:
 CSV_SKIPPED = ("config",)
 
 
-ENV_COLUMNS = [f"env_{k}" for k in results.ENV_KEYS + ("cpu_count",)]
+def env_columns() -> list:
+  """env_<key> for what every record's env holds and every registered system's
+  library versions (tf_tput.systems.distributions)."""
+  python, *rest = results.ENV_KEYS
+  return [f"env_{k}" for k in (python, *systems.distributions(), *rest, "cpu_count")]
 
 
 def csv_columns() -> list:
@@ -327,14 +371,14 @@ def csv_columns() -> list:
     if name == "step_time_s":
       columns += [f"step_time_{k}_s" for k in results.STEP_TIME_KEYS]
     elif name == "env":
-      columns += ENV_COLUMNS
+      columns += env_columns()
     elif name not in columns and name not in CSV_SKIPPED:
       columns.append(name)
   return columns
 
 
 def csv_row(r: dict) -> dict:
-  row = {}
+  row, env_keys = {}, env_columns()
   for name, value in r.items():
     if name in CSV_SKIPPED:
       continue
@@ -342,7 +386,7 @@ def csv_row(r: dict) -> dict:
       row.update({f"step_time_{k}_s": v for k, v in value.items()})
     elif name == "env":
       row.update({f"env_{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
-                  for k, v in value.items() if f"env_{k}" in ENV_COLUMNS})
+                  for k, v in value.items() if f"env_{k}" in env_keys})
     elif isinstance(value, (list, dict)):
       row[name] = json.dumps(value)
     else:

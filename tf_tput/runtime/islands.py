@@ -241,13 +241,16 @@ def list_namespaces() -> list:
   return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def check_mesh(experiment, num_islands: int, parallelism=("data",)) -> None:
+def check_mesh(experiment, num_islands: int, parallelism=("data",),
+               num_devices: Optional[int] = None) -> None:
   """Across islands the run is data parallel over the island axis: the batch axis
   splits across islands. Inside each island it is data parallel too, or, where the
   system splits the model inside islands ("model" in its parallelism, mtf), any
   other axes follow the batch axis, so that each island holds a block of the mesh.
   A pipeline ("pipeline" in the parallelism) splits its stages across the islands
-  instead: S/K consecutive stages each, so K-1 stage boundaries lie on the links."""
+  instead: S/K consecutive stages each, so K-1 stage boundaries lie on the links.
+  num_devices: the devices the launched processes run, where known (--num_cpu_devices
+  x processes); a mesh that does not split names a batch-only mesh of that size."""
   if experiment.pipelined:
     stages = experiment.pipeline.stages
     if "pipeline" not in parallelism:
@@ -274,9 +277,34 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",)) -> None:
                      + ";".join(f"{a}:{n}" for a, n in experiment.mesh_shape.items()
                                 if a != axis) + "'")
   if experiment.mesh_shape.get(axis, 1) % num_islands:
-    raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r}: batch axis {axis!r} "
-                     f"does not split into {num_islands} islands; use a multiple of "
-                     f"{num_islands} devices")
+    from tf_tput import GIN_DIR
+
+    def batch_mesh(size: int) -> str:
+      """The flag that passes a batch-only mesh of `size` devices: a file of GIN_DIR's
+      mesh folder that binds exactly that, else the binding itself."""
+      for path in sorted((GIN_DIR / "mesh").glob("*.gin")):
+        bound = re.search(r"^MeshConfig\.mesh_shape\s*=\s*['\"]([^'\"]*)['\"]",
+                          path.read_text(), re.MULTILINE)
+        if bound and bound.group(1).replace(" ", "") == f"batch:{size}":
+          return f"--gin_file={GIN_DIR.name}/mesh/{path.name}"
+      return f"--gin_param=\"MeshConfig.mesh_shape = '{axis}:{size}'\""
+
+    used = experiment.num_devices
+    problem = (f"batch axis {axis!r} does not split into {num_islands} islands; the "
+               f"mesh is {experiment.mesh.mesh_shape!r} ({used} device"
+               f"{'s' * (used != 1)})")
+    if num_devices is None:
+      raise UsageError(f"{problem}: pass a mesh over all the run's devices whose batch "
+                       f"axis is a multiple of {num_islands}, such as "
+                       f"{batch_mesh(num_islands)} ({num_islands} devices)")
+    runs = f"{'but' if num_devices != used else 'and'} {num_devices} devices run"
+    if num_devices % num_islands:
+      raise UsageError(f"{problem} {runs}, which do not split into {num_islands} "
+                       f"islands: run a multiple of {num_islands} devices with a "
+                       f"batch-only mesh of as many, such as {batch_mesh(num_islands)} "
+                       f"({num_islands} devices)")
+    raise UsageError(f"{problem} {runs}: pass a mesh with {num_devices} devices such as "
+                     f"{batch_mesh(num_devices)}")
 
 
 def ring_link_bytes(nbytes: int, members: int, num_islands: int) -> int:

@@ -3,7 +3,7 @@
 Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks.
 launch(): N copies of a command (JAX processes); each gets TF_TPUT_COORDINATOR
 (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES and TF_TPUT_PROCESS_ID
-(tf_tput.runtime.topology reads them); tf_tput.runtime.tf_workers.launch() starts a
+(tf_tput.runtime.topology reads them); tf_tput.frameworks.tf_workers.launch() starts a
 TF cluster with these helpers. When any process fails, it is named and the others
 are stopped (SIGTERM to its process group, then SIGKILL); Ctrl-C and SIGTERM stop them
 all the same way.
@@ -71,6 +71,21 @@ def free_loopback_ports(count: int) -> list:
   finally:
     for s in sockets:
       s.close()
+
+
+def busy_ports(ports) -> list:
+  """The ports of `ports` that something already listens on, on any address
+  (some servers bind the wildcard whatever address they are given)."""
+  busy = []
+  for port in ports:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+      s.bind(("", port))
+    except OSError:
+      busy.append(port)
+    finally:
+      s.close()
+  return busy
 
 
 def free_loopback_port() -> int:

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, REPO_ROOT, config, errors, micro, models, pipeline, systems
+from tf_tput import GIN_DIR, PACKAGE_DIR, config, errors, micro, models, pipeline, systems
 from tf_tput.records import keys, results
 from tf_tput.runtime import islands as islands_lib, topology
 from tf_tput.errors import UsageError
@@ -44,18 +44,19 @@ class TrainMatrix:
   models: Sequence[str]                    # gin/models/<name>.gin
   meshes: Sequence[str] = ("single",)      # gin/mesh/<name>.gin (a stage's, pipelined)
   pipelines: Sequence[str] = (NO_PIPELINE,)  # gin/pipeline/<name>.gin
-  systems: Sequence[str] = ("mtf", "jax")  # tf_tput.systems.REGISTRY names
+  systems: Sequence[str] = (systems.DEFAULT,)  # tf_tput.systems.REGISTRY names
   global_batches: Sequence[int] = (8,)
   dtypes: Sequence[str] = ("float32",)     # ModelConfig.activation_dtype
   steps: int = 10                          # measured steps
   warmup_steps: int = 2
   num_cpu_devices: Optional[int] = None    # None: the devices train finds (GPU, TPU)
   gin_params: Sequence[str] = ()           # bindings for every run (e.g. lengths)
-  # --strategy of the mtf runs ("tpu" on Cloud TPUs, "multi_worker" under
-  # tf_tput.launch); JAX runs always find their devices locally.
-  mtf_strategy: str = "local"
-  # JAX processes per run (> 1: under tf_tput.launch, num_cpu_devices each; for mtf
-  # as many TF workers, its chief the train command, --strategy=multi_worker), split
+  # --strategy of the runs of every system that runs under it ("tpu" on Cloud TPUs);
+  # the other systems' runs find their devices locally.
+  strategy: str = "local"
+  # Processes per run (> 1: under tf_tput.launch --num_processes, num_cpu_devices
+  # each; a system that does not run as processes gets as many worker servers, its
+  # chief the train command, --strategy=multi_worker), split
   # into each of `islands` (network namespaces, needs root) joined at each of
   # `dcn_rates` (runtime/islands.py). Beside more, 1 island is the baseline: its
   # processes on loopback with the same island axis and reduction (--islands=1).
@@ -166,9 +167,9 @@ def _launches(m: TrainMatrix) -> list:
   return out
 
 
-def _as_tf_workers(launcher: tuple, launch: dict, devices: Optional[int]) -> tuple:
-  """(launcher, key fields, strategy) of a single controller's run (mtf) where the
-  matrix asks for processes: as many TF workers with the devices each, its chief the
+def _as_workers(launcher: tuple, launch: dict, devices: Optional[int]) -> tuple:
+  """(launcher, key fields, strategy) of a single controller's run where the matrix
+  asks for processes: as many worker servers with the devices each, its chief the
   launched command, which sees one process of its own (train's run key)."""
   workers = [f"--num_workers={flag.split('=', 1)[1]}" if flag.startswith(
       "--num_processes=") else flag for flag in launcher]
@@ -194,10 +195,10 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
                       f"TrainConfig.warmup_steps = {m.warmup_steps}"],
         "num_cpu_devices": m.num_cpu_devices,
     }
-    strategy = m.mtf_strategy if system == "mtf" else "local"
+    strategy = m.strategy if m.strategy in systems.load(system).strategies else "local"
     if launcher and not systems.load(system).multi_process:
-      launcher, launch, strategy = _as_tf_workers(launcher, launch, m.num_cpu_devices)
-      where = where.replace(" processes", " TF workers")
+      launcher, launch, strategy = _as_workers(launcher, launch, m.num_cpu_devices)
+      where = where.replace(" processes", " workers")
       flags["num_cpu_devices"] = None  # the workers' (--devices_per_worker)
     if strategy != "local":
       flags[STRATEGY_FLAG] = strategy
@@ -240,7 +241,7 @@ def expand(suite: Suite) -> list:
 
 
 def available() -> list:
-  return sorted(str(p.relative_to(REPO_ROOT)) for p in SUITES_DIR.glob("*.gin"))
+  return sorted(str(p.relative_to(PACKAGE_DIR)) for p in SUITES_DIR.glob("*.gin"))
 
 
 def _resolve(name: str) -> pathlib.Path:
@@ -257,8 +258,7 @@ def load(name: str) -> Suite:
   """Parses a suite file into a checked Suite (UsageError naming what is wrong)."""
   path = _resolve(name)
   gin.clear_config()
-  if str(REPO_ROOT) not in gin.config._LOCATION_PREFIXES:  # clear_config keeps paths
-    gin.add_config_file_search_path(str(REPO_ROOT))
+  config.add_gin_search_path()
   try:
     gin.parse_config_file(str(path))
     suite = Suite()
@@ -315,8 +315,8 @@ def _check(suite: Suite, name: str) -> None:
       _check_list(where, "systems", matrix.systems, set(systems.REGISTRY))
       _check_list(where, "global_batches", matrix.global_batches, kind=int)
       _check_list(where, "dtypes", matrix.dtypes, set(config.DTYPES))
-      if matrix.mtf_strategy not in topology.STRATEGIES:
-        raise UsageError(f"{where}.mtf_strategy = {matrix.mtf_strategy!r}; use one of "
+      if matrix.strategy not in topology.STRATEGIES:
+        raise UsageError(f"{where}.strategy = {matrix.strategy!r}; use one of "
                          f"{', '.join(topology.STRATEGIES)}")
       if isinstance(matrix.gin_params, str) or not isinstance(matrix.gin_params,
                                                               (list, tuple)):
@@ -348,12 +348,12 @@ def _check(suite: Suite, name: str) -> None:
 
 def _launched(run: Run) -> tuple:
   """(processes, islands) the run's tf_tput.launch flags ask for; (1, 0) without.
-  Under TF workers (--num_workers) the train command is one process, their chief."""
+  Under worker servers (--num_workers) the train command is one process, their chief."""
   values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
   return int(values.get("num_processes", 1)), int(values.get("islands", 0))
 
 
-def _tf_workers(run: Run) -> Optional[tuple]:
+def _workers(run: Run) -> Optional[tuple]:
   """(workers, devices per worker) of a run under tf_tput.launch --num_workers."""
   values = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
   if "num_workers" not in values:
@@ -378,21 +378,22 @@ def validate(run: Run) -> str:
       if not systems.load(run.flags["system"]).islands:
         raise UsageError(f"--system={run.flags['system']} does not train across islands")
       islands_lib.check_mesh(experiment, num_islands,
-                             systems.load(run.flags["system"]).islands)
+                             systems.load(run.flags["system"]).islands,
+                             (run.flags.get("num_cpu_devices") or 0) * num_processes or None)
     if "num_cpu_devices" in run.flags:
       config.validate(experiment, num_devices=run.flags["num_cpu_devices"] * num_processes,
                       num_processes=num_processes)
-    workers = _tf_workers(run)
+    workers = _workers(run)
     if workers:
       config.validate(experiment, num_devices=workers[0] * workers[1])
   except UsageError as e:
     raise UsageError(f"run {run.label!r}: {e}") from None
   try:
-    topology.check_strategy(run.flags["system"], run.strategy, experiment,
-                            run.flags.get("num_cpu_devices"))
+    systems.check_strategy(run.flags["system"], run.strategy, experiment,
+                           run.flags.get("num_cpu_devices"))
   except UsageError as e:  # train's words; the suite file says them as matrix fields
     raise UsageError(f"run {run.label!r}: {e} (in the suite file: TrainMatrix.dtypes, "
-                     "mtf_strategy, num_cpu_devices)") from None
+                     "strategy, num_cpu_devices)") from None
   m, d = experiment.model, experiment.data
   inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
   tokens = experiment.train.global_batch * models.tokens_per_example(

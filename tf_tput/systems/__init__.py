@@ -1,18 +1,27 @@
-"""Systems under test, behind one interface; the measured loop never sees which.
+"""Systems under test, behind one interface; shared code asks a System, never names one.
 
     class System(Protocol):
-      name: str
-      framework: str                      # which topology resolver it needs ("tf", "jax")
-      multi_process: bool                 # can run as several launched processes
+      name: str                           # its --system value (REGISTRY's key)
+      runtime: Runtime                    # its framework's (tf_tput/frameworks/):
+                                          # devices, peak probe, barrier, servers
+      distributions: dict                 # record env key -> the installed
+                                          # distributions its version is read from
+      multi_process: bool                 # runs as tf_tput.launch --num_processes
+                                          # processes, each running the program
       strategies: tuple                   # the --strategy values it runs under
-      every_worker: bool                  # multi_worker: every worker runs the program
-                                          # (tf2); else this process drives them (mtf)
+      every_worker: bool                  # multi_worker: every worker runs the program;
+                                          # else this process drives the servers
       embeddings: tuple                   # the ModelConfig.embedding values it computes
       pipelines: bool                     # trains PipelineConfig.stages > 1 (pipeline.py)
       islands: tuple                      # across tf_tput.launch --islands: how it
                                           # splits inside an island, () / ("data",)
                                           # / ("data", "model"), and "pipeline" if
                                           # a pipeline's stages split across them
+      traces: tuple                       # strategies under which --trace_dir works
+                                          # (its trainer has trace_step)
+      def check(self, experiment, strategy) -> None: ...  # what it cannot train under
+                                          # the strategy, as one UsageError (no
+                                          # framework started)
       def build(self, experiment, topology) -> Trainer: ...
 
     class Trainer(Protocol):
@@ -21,6 +30,8 @@
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
+An optional Trainer method trace_step(batch, path) -> text runs one more step under
+the framework's trace, writes it to path and says where the time went (--trace_dir).
 An optional Trainer method dispatch(batch) -> pending loss (float() of it waits for
 the step) lets the loop keep TrainConfig.sync_every steps in flight (jax); a trainer
 without it has a synchronous step (mtf: Session.run returns when the step is done),
@@ -32,6 +43,7 @@ the trainer's own schedule sends between them per step (mtf's counted reduction,
 pipeline's stage boundaries); without it, train records one float32 gradient per
 parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
 Modules are imported only when chosen, so choosing a system loads only its framework.
+A new system is one module here, registered in REGISTRY (docs/extending.md).
 """
 
 import importlib
@@ -45,6 +57,7 @@ REGISTRY = {
     "jax": "tf_tput.systems.jax_adapter",
     "tf2": "tf_tput.systems.tf2",
 }
+DEFAULT = "mtf"  # the paper's TF baseline: tf_tput.train's --system when none is given
 
 
 class Trainer(Protocol):
@@ -59,13 +72,17 @@ class Trainer(Protocol):
 
 class System(Protocol):
   name: str
-  framework: str
+  runtime: object
+  distributions: dict
   multi_process: bool
   strategies: tuple
   every_worker: bool
   embeddings: tuple
   pipelines: bool
   islands: tuple
+  traces: tuple
+
+  def check(self, experiment, strategy: str) -> None: ...
 
   def build(self, experiment, topology) -> Trainer: ...
 
@@ -81,6 +98,32 @@ def load(name: str) -> System:
   return importlib.import_module(REGISTRY[name]).SYSTEM
 
 
+def able(attribute: str) -> list:
+  """The registered systems whose `attribute` is true (non-empty), for messages."""
+  return [name for name in REGISTRY if getattr(load(name), attribute)]
+
+
+def distributions() -> dict:
+  """Every registered system's env key -> distributions: each record carries the
+  versions of them all, so records of different systems compare their libraries."""
+  out = {}
+  for name in REGISTRY:
+    out.update(load(name).distributions)
+  return out
+
+
+def named_in(command) -> str:
+  """The --system value a tf_tput.train command line gives (absl's --system=X,
+  --system X, -system=X), else DEFAULT."""
+  for i, arg in enumerate(command):
+    for prefix in ("--system", "-system"):
+      if arg.startswith(prefix + "="):
+        return arg.split("=", 1)[1]
+      if arg == prefix and i + 1 < len(command):
+        return command[i + 1]
+  return DEFAULT
+
+
 def check_experiment(name: str, experiment) -> None:
   """What the config asks of the system that it cannot do, as one UsageError."""
   system = load(name)
@@ -92,3 +135,23 @@ def check_experiment(name: str, experiment) -> None:
   if experiment.pipelined and not system.pipelines:
     raise UsageError(f"PipelineConfig.stages = {experiment.pipeline.stages}: --system="
                      f"{name} has no pipeline; use stages = 1 or a system that has one")
+
+
+def check_strategy(name: str, strategy: str, experiment,
+                   num_cpu_devices: Optional[int] = None) -> None:
+  """What --strategy asks of the system and the config, checked the same way by
+  tf_tput.train and a suite's validation (the environment's part is the runtime's)."""
+  system = load(name)
+  if strategy not in system.strategies:
+    raise UsageError(f"--strategy={strategy} is not one --system={name} runs under; "
+                     f"it runs under {', '.join(system.strategies)}" + (
+                         " (processes come from tf_tput.launch --num_processes)"
+                         if system.strategies == ("local",) else ""))
+  if strategy != "local" and num_cpu_devices is not None:
+    raise UsageError(f"--num_cpu_devices applies to --strategy=local; with {strategy} the "
+                     "devices come from the cluster (tf_tput.launch --devices_per_worker)")
+  if strategy == "tpu" and experiment.model.activation_dtype != "bfloat16":
+    raise UsageError(f"--strategy=tpu trains in bfloat16 activations (the MXU's type), "
+                     f"not {experiment.model.activation_dtype}; add "
+                     "--gin_param=\"ModelConfig.activation_dtype='bfloat16'\"")
+  system.check(experiment, strategy)

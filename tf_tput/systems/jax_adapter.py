@@ -7,9 +7,13 @@ Each is imported only when chosen; none imports this module.
 """
 
 
+from tf_tput.frameworks import jax_runtime
+
+
 class JaxSystem:
   name = "jax"
-  framework = "jax"
+  runtime = jax_runtime.RUNTIME
+  distributions = {"jax": ("jax",)}
   multi_process = True   # every launched process runs the same program
   strategies = ("local",)  # processes come from tf_tput.launch --num_processes
   every_worker = False
@@ -17,6 +21,10 @@ class JaxSystem:
   pipelines = True       # GPipe over a 'stage' mesh axis: systems/jax_pipeline.py
   islands = ("data", "pipeline")  # data parallel across and inside --islands
   # (jax_islands.py), or a pipeline's stages split across them (jax_pipeline.py)
+  traces = ()
+
+  def check(self, experiment, strategy: str) -> None:
+    """Every mesh and strategy it lists trains (config.validate checks the mesh)."""
 
   def build(self, experiment, topology):
     if experiment.pipelined:

@@ -14,11 +14,14 @@ gradients are reduced hierarchically (mtf_islands.py).
 """
 
 from tf_tput import errors
+from tf_tput.frameworks import tf_runtime
 
 
 class MtfSystem:
   name = "mtf"
-  framework = "tf"
+  runtime = tf_runtime.RUNTIME
+  distributions = {"tensorflow": ("tensorflow", "tensorflow-cpu"),
+                   "mesh_tensorflow": ("mesh-tensorflow",)}
   multi_process = False  # one Session drives every device: a single controller
   strategies = ("local", "multi_worker", "tpu")
   every_worker = False  # the chief drives tf_server workers
@@ -26,6 +29,14 @@ class MtfSystem:
   pipelines = True  # on Session devices (mtf_pipeline.py); the TPU path does not
   islands = ("data", "model", "pipeline")  # TF workers in islands: a hierarchical
   # reduction, or a pipeline's stages split across them (mtf_pipeline.py)
+  traces = ("local", "multi_worker")  # a Session step under TF's full trace
+
+  def check(self, experiment, strategy: str) -> None:
+    if strategy == "tpu" and experiment.pipelined:  # the TPU program is one SIMD mesh
+      raise errors.UsageError(
+          f"--strategy=tpu (mtf's SIMD mesh) does not pipeline; PipelineConfig.stages = "
+          f"{experiment.pipeline.stages} runs under --system=mtf on CPUs/GPUs (one "
+          "Session) or under --system=jax on TPUs")
 
   def build(self, experiment, topology):
     if topology.platform == "tpu":

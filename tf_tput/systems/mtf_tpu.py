@@ -2,7 +2,7 @@
 
 Built the way Mesh TensorFlow's own TPUEstimator path built it, without the Estimator:
 the mtf graph is traced once inside tf.compat.v1.tpu.replicate, one replica per TPU
-core placed by the topology's DeviceAssignment (tf_tput.runtime.tpu), and lowered by mtf's
+core placed by the topology's DeviceAssignment (tf_tput.frameworks.tf_tpu), and lowered by mtf's
 SimdMeshImpl (tf_tput.systems.mtf_model.mesh_impl). Each replica is fed only its slice
 of the batch (replica_slices: the batch rows of its position on the mesh axis the
 layout gives "batch"; replicas along the other axes share a slice), imported as an
@@ -151,13 +151,13 @@ class MtfTpuTrainer:
 
   def __init__(self, experiment, topology):
     import tensorflow as tf
-    from tf_tput.runtime import tpu
+    from tf_tput.frameworks import tf_tpu
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     self._built = build_graph(experiment, topology)
     self.num_params = self._built.num_params
     self._session = tf.compat.v1.Session(
         topology.session_target, graph=self._built.graph,
-        config=tpu.session_config(tf, topology.handles["resolver"]))
+        config=tf_tpu.session_config(tf, topology.handles["resolver"]))
     self._session.run(self._built.initialize_tpu)
     self._session.run(self._built.init)
     self._session.run(self._built.copy_masters_to_slices)

@@ -9,8 +9,8 @@ import time
 from typing import Optional
 
 from tf_tput import compat, errors
-from tf_tput.measure import metrics
-from tf_tput.runtime import cluster, islands
+from tf_tput.frameworks import tf_cluster as cluster, tf_runtime
+from tf_tput.runtime import islands
 from tf_tput.systems import mtf_model
 
 CLOSE_WAIT_S = 5.0
@@ -107,10 +107,10 @@ class MtfTrainer:
       raise
     return float(loss)
 
-  def trace_step(self, batch: dict, path: str) -> tuple:
-    """One step (unmeasured) under TF's full trace: (tf_trace.DeviceTime rows, wall s);
-    its Chrome trace is written to path."""
-    from tf_tput.measure import tf_trace
+  def trace_step(self, batch: dict, path: str) -> str:
+    """One step (unmeasured) under TF's full trace: where each device's time went, as
+    text; its Chrome trace is written to path."""
+    from tf_tput.frameworks import tf_trace
     tf1 = self._tf.compat.v1
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
@@ -120,7 +120,7 @@ class MtfTrainer:
                       run_metadata=metadata)
     wall_s = time.perf_counter() - start
     tf_trace.write_chrome_trace(metadata.step_stats, path)
-    return tf_trace.summarize(metadata.step_stats), wall_s
+    return tf_trace.format_summary(tf_trace.summarize(metadata.step_stats), wall_s)
 
   def export_variables(self) -> dict:
     """Current trainable values by mtf variable name (as tf_tput.models names them)."""
@@ -144,7 +144,7 @@ class MtfTrainer:
     self._session.run(self._copy_masters_to_slices)
 
   def device_memory_bytes(self) -> Optional[int]:
-    return metrics.tf_gpu_peak_bytes(self._tf, self._gpu_names)
+    return tf_runtime.gpu_peak_bytes(self._tf, self._gpu_names)
 
   def close(self) -> None:
     if self._workers:  # a cluster's session may wait forever on a lost worker

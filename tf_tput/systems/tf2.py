@@ -8,8 +8,8 @@ runs one step as a tf.function around one strategy.run:
 * several local devices (GPUs, or virtual CPUs from --num_cpu_devices): a
   MirroredStrategy over topology.devices; the workers of tf_tput.launch
   --num_workers (--strategy=multi_worker): the MultiWorkerMirroredStrategy
-  runtime/topology.py made, every worker running this same program; a Cloud TPU
-  (--strategy=tpu): the TPUStrategy runtime/topology.py made (runtime/tpu.py;
+  frameworks/tf_runtime.py made, every worker running this same program; a Cloud TPU
+  (--strategy=tpu): the TPUStrategy frameworks/tf_runtime.py made (frameworks/tf_tpu.py;
   never run here: no TPU). Each replica gets its slice of the same
   numpy global batch (experimental_distribute_values_from_function) and computes its
   loss with the global batch's denominator, so the SUM of the replicas' losses is
@@ -18,8 +18,8 @@ runs one step as a tf.function around one strategy.run:
   same Adafactor update to its copy (extended.update).
 
 Strategies replicate every variable: the mesh must be data parallel only
-(check_mesh, which needs no TensorFlow; tf_tput.runtime.topology.check_strategy calls
-it before any framework starts). Model parallelism is --system=mtf's or --system=jax's.
+(check_mesh, which needs no TensorFlow; Tf2System.check runs it before any framework
+starts). Model parallelism is --system=mtf's or --system=jax's.
 """
 
 from typing import Optional
@@ -27,8 +27,8 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models
-from tf_tput.measure import metrics
 from tf_tput.errors import UsageError
+from tf_tput.frameworks import tf_runtime
 
 
 def replica_axis(experiment) -> Optional[str]:
@@ -159,7 +159,7 @@ class Tf2Trainer:
     return {name: np.asarray(self._vars[name].numpy()) for name in self._names}
 
   def device_memory_bytes(self) -> Optional[int]:
-    return metrics.tf_gpu_peak_bytes(self._tf, self._gpu_names)
+    return tf_runtime.gpu_peak_bytes(self._tf, self._gpu_names)
 
   def close(self) -> None:
     self._vars = self._slots = self._train_step = None
@@ -167,13 +167,18 @@ class Tf2Trainer:
 
 class Tf2System:
   name = "tf2"
-  framework = "tf"
+  runtime = tf_runtime.RUNTIME
+  distributions = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
   multi_process = True    # as workers of tf_tput.launch --num_workers (multi_worker)
   strategies = ("local", "multi_worker", "tpu")  # tpu: TPUStrategy, never run here
   every_worker = True  # MultiWorkerMirroredStrategy: each worker runs the program
   embeddings = ("one_hot", "gather")
   pipelines = False
   islands = ()
+  traces = ()
+
+  def check(self, experiment, strategy: str) -> None:
+    check_mesh(experiment)  # strategies replicate: a data-parallel mesh only
 
   def build(self, experiment, topology) -> Tf2Trainer:
     check_mesh(experiment)

@@ -1,0 +1,31 @@
+"""What shared code needs of a framework, one Runtime object per framework.
+
+Systems built on the same framework share its runtime (mtf and tf2: tf_runtime; jax:
+jax_runtime); a System names its runtime in its `runtime` attribute, and train,
+launch and the peak probe ask that object, never the framework by name:
+
+    class Runtime(Protocol):
+      name: str                 # Topology.framework; in messages only
+      finds_local_tpus: bool    # --strategy=local sees a TPU host's chips itself
+                                # (so --tpu_type may correct their kind)
+      serves_workers: bool      # tf_tput.launch --num_workers can start its servers
+      def check(self, strategy, every_worker, cluster_timeout_s) -> None
+          # what the environment must hold for the strategy (TF_CONFIG, say), checked
+          # before the framework starts; UsageError
+      def resolve(self, num_cpu_devices=None, strategy="local", every_worker=False,
+                  cluster_timeout_s=60.0, tpu_address=None) -> runtime.topology.Topology
+          # every_worker: the System's (its every worker runs the program)
+      def matmul_runner(self, topology, n, dtype) -> Callable[[], None]
+          # one n x n matmul of ones on the first device, waited for and checked
+          # (measure.peak.check_matmul_corner): the CPU peak probe
+      def barrier(self, topology) -> Callable[[str], None]
+          # a wait for every process of the run that runs the program
+      def launch_workers(self, command, every_worker, num_workers,
+                         devices_per_worker, grace_s, timeout_s, start_timeout_s,
+                         ports=None, network=None, chief_env=None) -> int
+          # only where serves_workers: starts the servers and the command, returns
+          # the exit code (tf_tput.launch --num_workers)
+
+Each module imports its framework only inside the methods that need it, so choosing
+a system loads only its own framework.
+"""
