@@ -96,7 +96,7 @@ def test_a_model_axis_before_the_batch_axis_is_one_line():
                                       ["MeshConfig.mesh_shape = 'model:2;batch:2'"])
   with pytest.raises(UsageError, match="must come first.*'batch:2;model:2'"):
     islands.check_mesh(experiment, 2, ("data", "model"))
-  with pytest.raises(UsageError, match="--system=mtf splits the model"):
+  with pytest.raises(UsageError, match="or a system that splits the model inside islands"):
     islands.check_mesh(experiment, 2, ("data",))
   good = config.load_experiment(["gin/models/decoder_tiny.gin"],
                                 ["MeshConfig.mesh_shape = 'batch:2;model:2'"])

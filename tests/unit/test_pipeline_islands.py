@@ -59,7 +59,7 @@ def test_a_mesh_that_does_not_split_names_the_mesh_to_pass():
     islands.check_mesh(single, 2, ("data",), num_devices=4)
   assert str(raised.value) == (
       "batch axis 'batch' does not split into 2 islands; the mesh is 'batch:1' (1 device) "
-      "but 4 devices run: pass a mesh with 4 devices such as --gin_file=gin/mesh/data4.gin")
+      "but 4 devices run: pass a mesh with 4 devices such as --gin_file=data4")
   # The flag it names gives a mesh that splits.
   islands.check_mesh(config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data4.gin"]),
                      2, ("data",), num_devices=4)
@@ -69,14 +69,14 @@ def test_a_mesh_that_does_not_split_names_the_mesh_to_pass():
     islands.check_mesh(single, 2, ("data",), num_devices=6)
   # A device count that does not split, and an unknown one (accelerators).
   with pytest.raises(UsageError, match="3 devices run, which do not split into 2 islands: "
-                     "run a multiple of 2 devices .* --gin_file=gin/mesh/data2.gin"):
+                     "run a multiple of 2 devices .* --gin_file=data2"):
     islands.check_mesh(single, 2, ("data",), num_devices=3)
   with pytest.raises(UsageError, match=r"the mesh is 'batch:1' \(1 device\): pass a mesh "
-                     r"over all the run's devices .* --gin_file=gin/mesh/data2.gin"):
+                     r"over all the run's devices .* --gin_file=data2"):
     islands.check_mesh(single, 2, ("data",))
   # mtf splits the model inside islands: its mesh has all the devices, the batch 1.
   model_only = config.load_experiment(["gin/models/t5_tiny.gin"],
                                       ["MeshConfig.mesh_shape = 'batch:1;model:4'"])
   with pytest.raises(UsageError, match=r"the mesh is 'batch:1;model:4' \(4 devices\) and 4 "
-                     "devices run: .* --gin_file=gin/mesh/data4.gin"):
+                     "devices run: .* --gin_file=data4"):
     islands.check_mesh(model_only, 2, ("data", "model"), num_devices=4)

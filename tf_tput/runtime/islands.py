@@ -267,8 +267,8 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",),
     raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r} across {num_islands} "
                      f"islands: islands are data parallel inside too, but axes {other} "
                      f"split the model; use a batch-only mesh such as 'batch:"
-                     f"{experiment.num_devices}' (--system=mtf splits the model inside "
-                     "islands)")
+                     f"{experiment.num_devices}', or a system that splits the model inside "
+                     "islands (docs/islands.md)")
   if other and next(iter(experiment.mesh_shape)) != axis:
     raise UsageError(f"mesh_shape {experiment.mesh.mesh_shape!r} across {num_islands} "
                      f"islands: the batch axis {axis!r} must come first, so that each "
@@ -286,7 +286,7 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",),
         bound = re.search(r"^MeshConfig\.mesh_shape\s*=\s*['\"]([^'\"]*)['\"]",
                           path.read_text(), re.MULTILINE)
         if bound and bound.group(1).replace(" ", "") == f"batch:{size}":
-          return f"--gin_file={GIN_DIR.name}/mesh/{path.name}"
+          return f"--gin_file={path.stem}"
       return f"--gin_param=\"MeshConfig.mesh_shape = '{axis}:{size}'\""
 
     used = experiment.num_devices

@@ -69,7 +69,7 @@ class TrainMatrix:
 @dataclasses.dataclass(frozen=True)
 class MicroMatrix:
   """systems x modes x hosts, one tf_tput.micro run each (Fig. 5)."""
-  systems: Sequence[str] = ("tf", "jax", "ray")
+  systems: Sequence[str] = tuple(micro.SYSTEMS)
   modes: Sequence[str] = micro.MODES
   hosts: Sequence[int] = (1, 2)
   devices_per_host: int = 2

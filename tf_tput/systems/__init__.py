@@ -43,20 +43,34 @@ the trainer's own schedule sends between them per step (mtf's counted reduction,
 pipeline's stage boundaries); without it, train records one float32 gradient per
 parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
 Modules are imported only when chosen, so choosing a system loads only its framework.
-A new system is one module here, registered in REGISTRY (docs/extending.md).
+A new system is one module here plus its line in BUILT_IN, or, outside this tree, a
+module an installed distribution names under the entry-point group "tf_tput.systems"
+(docs/extending.md).
 """
 
 import importlib
+import importlib.metadata
 from typing import Optional, Protocol
 
 from tf_tput.errors import UsageError
 
 # --system value -> module defining SYSTEM.
-REGISTRY = {
+BUILT_IN = {
     "mtf": "tf_tput.systems.mtf",
     "jax": "tf_tput.systems.jax_adapter",
     "tf2": "tf_tput.systems.tf2",
 }
+ENTRY_POINT_GROUP = "tf_tput.systems"  # name = module defining SYSTEM, for plugins
+
+
+def _plugins() -> dict:
+  """Systems installed distributions declare; a built-in name is never replaced."""
+  return {ep.name: ep.value.split(":")[0]
+          for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+          if ep.name not in BUILT_IN}
+
+
+REGISTRY = {**BUILT_IN, **_plugins()}
 DEFAULT = "mtf"  # the paper's TF baseline: tf_tput.train's --system when none is given
 
 
