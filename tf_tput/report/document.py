@@ -3,15 +3,18 @@ versions and hardware, for the records of one or more result files."""
 
 import datetime
 
+from tf_tput import systems
 from tf_tput.measure import peak as peak_lib
+from tf_tput.records import results
 from tf_tput.report import published, tables
 
 CONVENTIONS = [
     "**Warmup**: each run's first `warmup_steps` steps (graph build / compilation "
     "included) run but are not measured; `steps` counts measured steps.",
     "**tokens/s** = non-padding tokens of the measured steps / (completion time of "
-    "the last measured step − completion time of the last warmup step). Each step "
-    "returns its loss to the host, so it has finished when the clock reads.",
+    "the last measured step − completion time of the last warmup step). The clock "
+    "reads once per window of `sync_every` steps (each step when it is 1), after the "
+    "window's losses are on the host, so its steps have finished when it reads.",
     "**Tokens**: encoder inputs + decoder targets for T5 (encoder-decoder); targets "
     "for decoder-only models.",
     "**Spread** (brackets, whiskers): it covers every run's p10–p90 step rate "
@@ -166,8 +169,8 @@ def _micro_section(micro: list, plots: dict) -> list:
 
 
 def _environments(records: list) -> list:
-  keys = ("python", "tensorflow", "mesh_tensorflow", "jax", "numpy", "platform", "cpu",
-          "cpu_count")
+  python, *rest = [k for k in results.ENV_KEYS if k != "accelerators"]
+  keys = (python, *systems.distributions(), *rest, "cpu_count")
   # Accelerator kinds without their counts: a 1-device and a 4-device run on the
   # same machine share a row.
   combos = tables.group(records, lambda r: tuple(str(r["env"].get(k)) for k in keys) + (
@@ -199,7 +202,8 @@ def render(train: list, micro: list, sources: list, problems: list, plots: dict)
           ["## Dispatch micro-benchmarks (Fig. 5 style)", "",
            "No micro-benchmark records.", ""])
   out += _published_section()
-  out += ["## Conventions", ""] + [f"- {c}" for c in CONVENTIONS] + [""]
+  out += ["## Conventions", "", "A summary; docs/measurement.md in the tf_tput repository "
+          "is the whole account.", ""] + [f"- {c}" for c in CONVENTIONS] + [""]
   out += _environments(train + micro)
   out += ["Record schemas read: "
           + ", ".join(sorted({r["schema"] for r in train + micro})), ""]

@@ -14,7 +14,7 @@ from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
 from tf_tput.report import published
 
-BASELINE_SYSTEM = "mtf"
+BASELINE_SYSTEM = systems.DEFAULT  # the paper's TF baseline: ratios divide by it
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
            f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
            "final loss", "status")
@@ -238,7 +238,8 @@ def percent(fraction: float) -> str:
 
 
 def baseline_system(records: list) -> str:
-  """The system ratios divide by: mtf where the records have it, else the first name."""
+  """The system ratios divide by: BASELINE_SYSTEM where the records have it, else the
+  first name."""
   names = systems_in(records)
   return names[0] if names else BASELINE_SYSTEM
 

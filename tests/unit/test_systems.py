@@ -1,0 +1,75 @@
+"""The registry and what shared code asks of a System (tf_tput/systems/__init__.py)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tf_tput import PACKAGE_DIR, config, systems
+from tf_tput.errors import UsageError
+
+
+@pytest.mark.parametrize("command, name", [
+    (["python", "-m", "tf_tput.train", "--system=tf2"], "tf2"),
+    (["python", "-m", "tf_tput.train", "--system", "tf2", "--steps=2"], "tf2"),
+    (["python", "-m", "tf_tput.train", "-system=jax"], "jax"),
+    (["python", "-m", "tf_tput.train", "--steps=2"], systems.DEFAULT),
+])
+def test_the_launcher_reads_the_system_in_every_form_absl_takes(command, name):
+  assert systems.named_in(command) == name
+
+
+def test_every_registered_system_has_the_interface():
+  protocol = set(systems.System.__annotations__) | {"check", "build"}
+  for name in systems.REGISTRY:
+    system = systems.load(name)
+    missing = [a for a in sorted(protocol) if not hasattr(system, a)]
+    assert not missing, f"{name} lacks {missing}"
+    assert system.name == name
+    assert set(system.strategies) <= {"local", "multi_worker", "tpu"}
+    assert set(system.traces) <= set(system.strategies)
+
+
+def test_records_carry_every_systems_library_versions():
+  keys = systems.distributions()
+  for name in systems.REGISTRY:
+    assert set(systems.load(name).distributions) <= set(keys)
+
+
+def test_strategy_checks_are_the_systems_own():
+  tiny = config.load_experiment(["t5_tiny"])
+  model_parallel = config.load_experiment(["t5_tiny", "data2_model2"])
+  with pytest.raises(UsageError, match="--strategy=tpu is not one --system=jax runs"):
+    systems.check_strategy("jax", "tpu", tiny)
+  with pytest.raises(UsageError, match="data parallel only"):  # tf2's own check
+    systems.check_strategy("tf2", "local", model_parallel)
+  systems.check_strategy("mtf", "local", model_parallel)
+
+
+def test_a_plugin_never_replaces_a_built_in_system(tmp_path):
+  info = tmp_path / "shadow-0.1.dist-info"
+  info.mkdir()
+  (info / "METADATA").write_text("Metadata-Version: 2.1\nName: shadow\nVersion: 0.1\n")
+  (info / "entry_points.txt").write_text("[tf_tput.systems]\nmtf = shadow\nextra = shadow\n")
+  child = subprocess.run(
+      [sys.executable, "-c", "import json; from tf_tput import systems; "
+       "print(json.dumps(systems.REGISTRY))"], capture_output=True, text=True, check=True,
+      env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE_DIR.parent),
+                                                       str(tmp_path)])))
+  registry = json.loads(child.stdout)
+  assert registry["mtf"] == systems.BUILT_IN["mtf"] and registry["extra"] == "shadow"
+
+
+def test_launch_starts_the_command_on_every_worker_for_tf2_in_either_flag_form():
+  """`--system tf2` (absl's other form) must take the every-worker path as
+  `--system=tf2` does: each copy of the command is a worker, none a chief."""
+  show = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task'])"
+  for form in (["--system=tf2"], ["--system", "tf2"]):
+    proc = subprocess.run([sys.executable, "-m", "tf_tput.launch", "--num_workers=2", "--",
+                           sys.executable, "-c", show, *form], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    tasks = sorted(proc.stdout.split("\n")[:-1])
+    assert tasks == ["{'type': 'worker', 'index': 0}", "{'type': 'worker', 'index': 1}"]
