@@ -73,3 +73,31 @@ def test_launch_starts_the_command_on_every_worker_for_tf2_in_either_flag_form()
     assert proc.returncode == 0, proc.stderr
     tasks = sorted(proc.stdout.split("\n")[:-1])
     assert tasks == ["{'type': 'worker', 'index': 0}", "{'type': 'worker', 'index': 1}"]
+
+
+def _protocol_members(cls) -> set:
+  methods = {name for name, value in vars(cls).items()
+             if callable(value) and not name.startswith("_")}
+  return set(cls.__annotations__) | methods
+
+
+def _doc_table(heading: str) -> set:
+  """First-column names of the table under `heading` in docs/extending.md, without
+  backticks and arguments."""
+  text = (PACKAGE_DIR.parent / "docs" / "extending.md").read_text()
+  section = text.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+  rows = [line for line in section.splitlines() if line.startswith("| `")]
+  return {row.split("|")[1].strip().strip("`").split("(")[0] for row in rows}
+
+
+@pytest.mark.parametrize("heading, protocol", [
+    ("### The System", "tf_tput.systems.System"),
+    ("### The Trainer", "tf_tput.systems.Trainer"),
+    ("### The Runtime", "tf_tput.frameworks.Runtime"),
+])
+def test_extending_md_lists_exactly_the_interface(heading, protocol):
+  import importlib
+  module, name = protocol.rsplit(".", 1)
+  cls = getattr(importlib.import_module(module), name)
+  assert _doc_table(heading) == _protocol_members(cls), (
+      f"docs/extending.md '{heading}' and {protocol} differ; update the table")

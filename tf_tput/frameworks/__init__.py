@@ -29,3 +29,25 @@ launch and the peak probe ask that object, never the framework by name:
 Each module imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.
 """
+
+from typing import Callable, Optional, Protocol
+
+
+class Runtime(Protocol):
+  name: str
+  finds_local_tpus: bool
+  serves_workers: bool
+
+  def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None: ...
+
+  def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
+              every_worker: bool = False, cluster_timeout_s: float = 60.0,
+              tpu_address=None): ...
+
+  def matmul_runner(self, topology, n: int, dtype: str) -> Callable[[], None]: ...
+
+  def barrier(self, topology) -> Callable[[str], None]: ...
+
+  def launch_workers(self, command, every_worker: bool, num_workers: int,
+                     devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
+                     ports=None, network=None, chief_env=None) -> int: ...

@@ -86,7 +86,7 @@ class Trainer(Protocol):
 
 class System(Protocol):
   name: str
-  runtime: object
+  runtime: object  # a tf_tput.frameworks.Runtime
   distributions: dict
   multi_process: bool
   strategies: tuple
