@@ -167,16 +167,19 @@ def _launches(m: TrainMatrix) -> list:
   return out
 
 
-def _as_workers(launcher: tuple, launch: dict, devices: Optional[int]) -> tuple:
-  """(launcher, key fields, strategy) of a single controller's run where the matrix
-  asks for processes: as many worker servers with the devices each, its chief the
-  launched command, which sees one process of its own (train's run key)."""
+def _as_workers(launcher: tuple, launch: dict, devices: Optional[int],
+                every_worker: bool) -> tuple:
+  """(launcher, key fields, strategy) of a run of a system whose runtime serves
+  workers, where the matrix asks for processes: as many worker servers with the
+  devices each. The launched command is their chief and sees one process of its own,
+  or runs on every worker, each one of the run's processes (train's run key)."""
   workers = [f"--num_workers={flag.split('=', 1)[1]}" if flag.startswith(
       "--num_processes=") else flag for flag in launcher]
   if devices:
     workers.append(f"--devices_per_worker={devices}")
-  return tuple(workers), keys.launch_fields(1, launch["islands"], launch["dcn_rate"]), (
-      "multi_worker")
+  processes = launch["processes"] if every_worker else 1
+  return tuple(workers), keys.launch_fields(processes, launch["islands"],
+                                            launch["dcn_rate"]), "multi_worker"
 
 
 def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
@@ -196,8 +199,9 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
         "num_cpu_devices": m.num_cpu_devices,
     }
     strategy = m.strategy if m.strategy in systems.load(system).strategies else "local"
-    if launcher and not systems.load(system).multi_process:
-      launcher, launch, strategy = _as_workers(launcher, launch, m.num_cpu_devices)
+    if launcher and systems.load(system).runtime.serves_workers:
+      launcher, launch, strategy = _as_workers(launcher, launch, m.num_cpu_devices,
+                                               systems.load(system).every_worker)
       where = where.replace(" processes", " workers")
       flags["num_cpu_devices"] = None  # the workers' (--devices_per_worker)
     if strategy != "local":

@@ -6,8 +6,10 @@
                                           # devices, peak probe, barrier, servers
       distributions: dict                 # record env key -> the installed
                                           # distributions its version is read from
-      multi_process: bool                 # runs as tf_tput.launch --num_processes
-                                          # processes, each running the program
+      multi_process: bool                 # runs as several processes of one run, each
+                                          # running the program (tf_tput.launch
+                                          # --num_processes, or --num_workers where
+                                          # every_worker)
       strategies: tuple                   # the --strategy values it runs under
       every_worker: bool                  # multi_worker: every worker runs the program;
                                           # else this process drives the servers
