@@ -22,7 +22,7 @@ if [ -n "$native_bf16" ] || [ "${BENCH_BFLOAT16:-0}" = 1 ]; then
 else
   echo "bfloat16: skipped: this CPU has no native bfloat16 matmul instructions (no amx_bf16 or" \
        "avx512_bf16 in /proc/cpuinfo), where TF's bfloat16 step is ~10x its float32 step" \
-       "(README, 'bfloat16 on CPUs'); BENCH_BFLOAT16=1 runs it anyway" >&2
+       "(docs/systems.md, 'bfloat16 on CPUs'); BENCH_BFLOAT16=1 runs it anyway" >&2
 fi
 status=0
 # model, mesh file, virtual devices, measured steps, warmup steps, systems

@@ -1,4 +1,5 @@
-"""Makes mesh-tensorflow 0.1.21 (its last release) import on TensorFlow >= 2.16.
+"""Makes mesh-tensorflow 0.1.21 (its last release) import on the TensorFlow setup.py
+allows (2.16 to 2.21).
 
 mesh-tensorflow was written against TF 1.x / early 2.x. Four names it needs at import
 time are gone from current TensorFlow (see docs/design.md, "Facts about the

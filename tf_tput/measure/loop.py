@@ -4,8 +4,8 @@ The clock reads when a window's losses are on the host, so its steps have comple
 on the device. A window is `sync_every` steps (default 1: every step): the loop
 dispatches them, fetches their losses, then reads the clock. tokens/s runs from the
 completion of the last warmup window to that of the last measured one
-(measure/metrics.py). What is inside the clock besides the steps (docs/design.md,
-"Measurement conventions"): taking a prebuilt or prefetched batch (data.batches),
+(measure/metrics.py). What is inside the clock besides the steps (docs/measurement.md,
+"The clock and sync_every"): taking a prebuilt or prefetched batch (data.batches),
 counting its tokens and one log line every log_every steps; TensorBoard scalars are
 buffered and handed to on_step after the loop.
 """

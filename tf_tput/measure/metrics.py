@@ -1,6 +1,6 @@
 """Throughput arithmetic: step-time statistics, tokens/s, model FLOP/s, MFU, peaks.
 
-Conventions (docs/design.md, "Measurement conventions"): warmup steps are excluded;
+Conventions (docs/measurement.md): warmup steps are excluded;
 tokens/s = tokens of measured steps / (completion of the last measured step -
 completion of the last warmup step); MFU counts every position the model computes
 (padding included) against the peak FLOP/s of all devices.

@@ -1,4 +1,4 @@
-"""Run keys: what a suite resumes by (docs/design.md, "Suites").
+"""Run keys: what a suite resumes by (docs/suites.md, "Resuming").
 
 A key hashes everything that decides what a run measures: train: the system, the
 strategy, num_cpu_devices, the gin bindings, and the name and CONTENT of every gin
