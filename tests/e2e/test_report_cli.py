@@ -117,3 +117,20 @@ def test_bad_report_input_is_one_error_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert len(error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr
     assert expect in error_lines(proc.stderr)[0]
+
+
+def test_a_run_counts_once_however_often_its_record_is_read(tmp_path):
+  path = tmp_path / "a.jsonl"
+  _write(path, [train_record("t5_base", "mtf", 100.0, run_id="a"),
+                train_record("t5_base", "jax", 300.0, run_id="b")])
+  out = tmp_path / "report"
+  proc = run_cli("tf_tput.report", f"--results={path},{path}", f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert f"warning: {path}: dropped 2 record(s) whose run_id was already read" in proc.stderr
+  report = (out / "report.md").read_text()
+  assert f"- `{path}`: 2 training record(s), 0 micro-benchmark record(s)\n" in report
+  assert (f"- `{path}`: 0 training record(s), 0 micro-benchmark record(s), 2 dropped "
+          "(their run_id was read before)") in report
+  with open(out / "results.csv", newline="") as f:
+    assert [r["run_id"] for r in csv.DictReader(f)] == ["a", "b"]
+  assert "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 | mtf | 1 |" in report

@@ -214,7 +214,7 @@ def test_report_markdown_sections():
   train = _fixture_records()
   micro = [micro_record(), micro_record("ray", status="skipped", run_id="s"),
            _crossover("tf", 1, 3.0, 90, 300.0, 3.4)]
-  text = document.render(train, micro, [("a.jsonl", 6, 2)], [("a.jsonl", 3, "not JSON")],
+  text = document.render(train, micro, [("a.jsonl", 6, 2, 0)], [("a.jsonl", 3, "not JSON")],
                          {"tokens_per_sec": "tokens_per_sec.png", "fig5": "fig5_dispatch.png"})
   for needle in ("## Training throughput (Table 1 style)", "![tokens/s per system",
                  "### Failed runs", "t5_small jax float32", "step 3: boom",
@@ -344,7 +344,7 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   # 1 MB per island at 8 Mbit/s: 1 s on top of the unshaped 1.1 s; one island took 1 s.
   assert shaped["jax ideal-link projection"] == f"{1.0 / 2.1:.3f}"
   assert shaped["published fraction"] == "–" and shaped["pipeline"] == "–"
-  assert "## Across islands" in document.render(records, [], [("x.jsonl", 3, 0)], [], {})
+  assert "## Across islands" in document.render(records, [], [("x.jsonl", 3, 0, 0)], [], {})
   # A pipeline across islands is a group of its own, beside Table 2's note for 3B.
   piped = [dict(r, pipeline_stages=4, micro_batches=16, tokens_per_sec=800.0)
            for r in records[:2]]

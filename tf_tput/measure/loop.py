@@ -139,7 +139,8 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) ->
       for step, loss in enumerate(pending, start=first):
         m.losses.append(float(loss))  # waits for the step when it is pending
     except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
-      m.error = f"step {step}: {errors.one_line(e)}"
+      logging.error("step %d failed", step, exc_info=True)  # the whole of it, in the log
+      m.error = f"step {step}: {errors.cause(e)}"
       _keep_completed(m.losses, pending[len(m.losses) - first:])
       return
     if first + k == warmup_steps:  # logged before the clock's start mark: not charged

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import tempfile
 from typing import Optional
 
 from tf_tput.errors import UsageError
@@ -129,20 +130,24 @@ def validate(record: dict, written_now: bool = True) -> None:
 def check_appendable(path: str) -> list:
   """Fails fast (UsageError) if records cannot be appended to `path`.
 
-  Creates the parent directory. Returns [(line number, problem)] for lines already
-  in the file that are not records: they are left untouched, and reported.
+  Creates the parent directory, never the file: another run may create it and append
+  to it at any moment, so this check opens an existing file for appending (which
+  writes nothing) and proves a new one could be made with a scratch file of its own
+  beside it. Returns [(line number, problem)] for lines already in the file that are
+  not records: they are left untouched, and reported.
   """
   p = pathlib.Path(path)
-  if p.is_dir():
+  if p.is_dir() or path.endswith(("/", os.sep)):
     raise UsageError(f"--results={path} is a directory; name a file such as "
                      f"{p / 'runs.jsonl'}")
   try:
     p.parent.mkdir(parents=True, exist_ok=True)
-    existed = p.exists()
-    with open(p, "a"):
-      pass
-    if not existed:
-      p.unlink()  # created only to prove it can be; a run that fails early leaves none
+    try:
+      fd = os.open(p, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: never makes the file
+      os.close(fd)
+    except FileNotFoundError:
+      with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.check-"):
+        pass
   except OSError as e:
     raise UsageError(f"--results={path} is not writable ({e.strerror}); choose a "
                      "writable path, e.g. --results=results/runs.jsonl") from None

@@ -38,8 +38,11 @@ PLOT_FILES = {"tokens_per_sec": "tokens_per_sec.png", "step_times": "step_times.
 
 
 def _read(paths: list, flag: str) -> tuple:
-  """(train records, micro records, sources, problems) of every file."""
-  train, micro, sources, problems = [], [], [], []
+  """(train records, micro records, sources, problems) of every file. A record whose
+  run_id was read before (a file named twice, records copied between files) is
+  dropped, so no run counts twice; sources say how many: (path, train, micro,
+  dropped)."""
+  train, micro, sources, problems, seen = [], [], [], [], set()
   for path in paths:
     if not os.path.isfile(path):
       raise UsageError(f"{flag}: {path} is not a file; pass result files written by "
@@ -48,10 +51,16 @@ def _read(paths: list, flag: str) -> tuple:
     for number, problem in bad:
       print(f"warning: {path}:{number}: {problem}; skipped", file=sys.stderr)
       problems.append((path, number, problem))
-    t = [r for r in found if r["schema"] == results.SCHEMA]
-    m = [r for r in found if r["schema"] == results.MICRO_SCHEMA]
+    new = [r for r in found if r["run_id"] not in seen]
+    seen.update(r["run_id"] for r in found)
+    dropped = len(found) - len(new)
+    if dropped:
+      print(f"warning: {path}: dropped {dropped} record(s) whose run_id was already "
+            "read (the same run counts once)", file=sys.stderr)
+    t = [r for r in new if r["schema"] == results.SCHEMA]
+    m = [r for r in new if r["schema"] == results.MICRO_SCHEMA]
     train, micro = train + t, micro + m
-    sources.append((path, len(t), len(m)))
+    sources.append((path, len(t), len(m), dropped))
   return train, micro, sources, problems
 
 

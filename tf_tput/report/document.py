@@ -185,12 +185,14 @@ def _environments(records: list) -> list:
 
 
 def render(train: list, micro: list, sources: list, problems: list, plots: dict) -> str:
-  """sources: [(path, train count, micro count)]; problems: [(path, line, why)];
+  """sources: [(path, train count, micro count, records dropped as already read)];
+  problems: [(path, line, why)];
   plots: name -> file name relative to report.md (absent when not drawn)."""
   now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   out = ["# tf_tput report", "", f"Generated {now} from:", ""]
   out += [f"- `{path}`: {n_train} training record(s), {n_micro} micro-benchmark record(s)"
-          for path, n_train, n_micro in sources]
+          + (f", {dropped} dropped (their run_id was read before)" if dropped else "")
+          for path, n_train, n_micro, dropped in sources]
   out.append("")
   if problems:
     out += ["Lines that are not records (skipped):", ""]
