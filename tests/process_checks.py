@@ -44,3 +44,18 @@ def _alive(since: float, mark: str) -> list:
     except psutil.Error:
       continue
   return found
+
+
+def namespaces_left(maker_pid=None) -> list:
+  """tf_tput's network namespaces (named tt<maker pid>...) that a run left behind:
+  those of `maker_pid`, or, without one, those whose maker has exited. Namespaces of
+  makers still running (another xdist worker's launch) are not this test's."""
+  import re
+  from tf_tput.runtime import islands
+  left = []
+  for name in islands.list_namespaces():
+    made_by = re.match(r"tt(\d+)", name)
+    if made_by and (int(made_by.group(1)) == maker_pid if maker_pid is not None
+                    else not psutil.pid_exists(int(made_by.group(1)))):
+      left.append(name)
+  return left

@@ -37,10 +37,18 @@ its island's address, the chief (the command) in island 0:
         --devices_per_worker=4 -- \
         python -m tf_tput.train --system=mtf --strategy=multi_worker ...
 
+Worker servers may listen on every interface whatever address they are given (TF's
+do), so they and every process that talks to them (the command) start inside a
+private network namespace with nothing but loopback (runtime.islands.PrivateNetwork;
+needs root and iproute2), removed however the launch ends. Where none can be made the
+launcher refuses in one line, unless --expose_servers accepts servers reachable from
+other machines. Islands are namespaces of their own already.
+
 When any process fails, the launcher names it, stops the others (SIGTERM, then SIGKILL
 after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
 """
 
+import contextlib
 import sys
 
 from absl import app
@@ -70,6 +78,12 @@ flags.DEFINE_integer("islands", None, "Split the processes (or the worker server
 flags.DEFINE_string("dcn_rate", islands.NO_LIMIT, "With --islands: the rate each "
                     "island's link sends at, as tc writes it (1gbit, 200mbit), or "
                     f"{islands.NO_LIMIT}.")
+flags.DEFINE_bool("expose_servers", False, "Workers: start the worker servers and the "
+                  "command in this machine's own network, where servers that listen on "
+                  "every interface can be reached, unauthenticated, from any machine "
+                  "that reaches this one. Unset: inside a private network namespace "
+                  "with nothing but loopback (needs root and iproute2); with --islands=K "
+                  "> 1 they are in the islands' namespaces either way.")
 
 
 def _usage(message: str) -> int:
@@ -102,9 +116,31 @@ def _workers(command) -> int:
       return _usage(f"--port={FLAGS.port}: port(s) {', '.join(map(str, busy))} of "
                     f"{ports[0]}-{ports[-1]} are in use; choose another --port or leave it "
                     "unset for free ports")
-  return system.runtime.launch_workers(command, system.every_worker, FLAGS.num_workers,
-                                      FLAGS.devices_per_worker, FLAGS.grace_s,
-                                      FLAGS.timeout_s, FLAGS.start_timeout_s, ports)
+  return _in_servers_network(lambda network: system.runtime.launch_workers(
+      command, system.every_worker, FLAGS.num_workers, FLAGS.devices_per_worker,
+      FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s, ports, network=network))
+
+
+def _exposure_refusal(problem: str) -> str:
+  """The error line when no private network namespace can be made (`problem`)."""
+  return ("worker servers may listen on every interface, so they start inside a "
+          f"private network namespace with only loopback, but {problem}; run as root "
+          "with iproute2, or pass --expose_servers to start them in this machine's "
+          "network, reachable (unauthenticated) from other machines")
+
+
+def _in_servers_network(launch):
+  """launch(network) with network a private namespace (runtime.islands.PrivateNetwork)
+  that every process of the cluster starts in; with --expose_servers, launch(None).
+  Refused (UsageError) before anything starts where no namespace can be made."""
+  if FLAGS.expose_servers:
+    return launch(None)
+  with contextlib.ExitStack() as stack:
+    try:
+      network = stack.enter_context(islands.PrivateNetwork())
+    except (UsageError, RuntimeError) as e:  # not root, no ip, or `ip netns` refused
+      raise UsageError(_exposure_refusal(str(e))) from None
+    return launch(network)
 
 
 def main(argv) -> int:
@@ -174,8 +210,9 @@ def _workers_in_islands(system, command) -> int:
                      "has its own port; drop --port")
   args = (command, system.every_worker, FLAGS.num_workers, FLAGS.devices_per_worker,
           FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s)
-  if FLAGS.islands == 1:
-    return system.runtime.launch_workers(*args, chief_env=ONE_ISLAND_ENV)
+  if FLAGS.islands == 1:  # loopback: inside a private namespace, as without --islands
+    return _in_servers_network(lambda network: system.runtime.launch_workers(
+        *args, network=network, chief_env=ONE_ISLAND_ENV))
   with islands.IslandNetwork(FLAGS.islands, rate) as network:
     return system.runtime.launch_workers(*args, network=network)
 

@@ -15,11 +15,12 @@ from tf_tput.records import results
 from tf_tput.runtime import islands
 
 from cli_helpers import REPO, error_lines, run_cli
+from process_checks import namespaces_left
 
 pytestmark = [pytest.mark.skipif(islands.missing() is not None,
                                  reason=str(islands.missing())),
               pytest.mark.usefixtures("no_leftover_processes"),
-              pytest.mark.xdist_group("islands")]  # they compare `ip netns list`
+              pytest.mark.xdist_group("islands")]  # shaped links, timed
 
 # Each child checks where it is, then behaves as its process id says.
 CHILD = r"""
@@ -46,15 +47,13 @@ def _launch(behaviour: str) -> list:
 
 
 def test_processes_run_in_their_islands_and_the_namespaces_go():
-  before = islands.list_namespaces()
   proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=100mbit",
                  "--num_processes=4", "--", sys.executable, "-c", CHILD, "ok", timeout=120)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  assert islands.list_namespaces() == before
+  assert namespaces_left() == []
 
 
 def test_a_process_killed_in_one_island_stops_all_within_30_s():
-  before = islands.list_namespaces()
   start = time.monotonic()
   proc = run_cli("tf_tput.launch", "--islands=2", "--num_processes=4", "--",
                  sys.executable, "-c", CHILD, "die", timeout=120)
@@ -63,13 +62,12 @@ def test_a_process_killed_in_one_island_stops_all_within_30_s():
   assert error_lines(proc.stderr) == [
       f"error: process 3 (pid {_pid_of(proc.stderr)}) in island 1 was killed by signal 9; "
       "stopped the other 3"]
-  assert islands.list_namespaces() == before
+  assert namespaces_left() == []
 
 
 def test_tf_workers_in_islands_stop_and_the_namespaces_go_when_the_chief_fails():
   """The chief (here a command that checks its island, then fails) in island 0, the
   workers serving in theirs: the launcher stops them all, exits with its code."""
-  before = islands.list_namespaces()
   chief = ("import json, os, socket, sys\n"
            "spec = json.loads(os.environ['TF_CONFIG'])['cluster']\n"
            "assert spec['chief'][0].startswith('198.18.0.1:'), spec\n"
@@ -83,7 +81,7 @@ def test_tf_workers_in_islands_stop_and_the_namespaces_go_when_the_chief_fails()
   assert time.monotonic() - start < 60
   assert proc.returncode == 3, proc.stderr[-2000:]
   assert "exited with code 3" in error_lines(proc.stderr)[-1]
-  assert islands.list_namespaces() == before
+  assert namespaces_left() == []
 
 
 def _pid_of(stderr: str) -> str:
@@ -92,7 +90,6 @@ def _pid_of(stderr: str) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_stopped_launcher_leaves_no_namespace(sig):
-  before = islands.list_namespaces()
   env = dict(os.environ, PYTHONPATH=str(REPO))
   # Killed outright, the launcher cannot escalate to SIGKILL: its children must die
   # with it even when they ignore SIGTERM (no_leftover_processes checks).
@@ -105,9 +102,9 @@ def test_a_stopped_launcher_leaves_no_namespace(sig):
     launcher.send_signal(sig)
     launcher.wait(timeout=30)
     deadline = time.monotonic() + 20  # after SIGKILL the reaper and the children act
-    while islands.list_namespaces() != before and time.monotonic() < deadline:
+    while namespaces_left(launcher.pid) and time.monotonic() < deadline:
       time.sleep(0.2)
-    assert islands.list_namespaces() == before
+    assert namespaces_left(launcher.pid) == []
     if sig != signal.SIGKILL:
       assert launcher.returncode == 128 + sig
   finally:
@@ -229,12 +226,11 @@ def test_a_model_parallel_mesh_across_islands_is_one_line_for_jax(tmp_path):
     (["--islands=2", "--num_workers=2", "--port=23000"], "drop --port"),
 ])
 def test_bad_island_flags_are_one_line(args, message):
-  before = islands.list_namespaces()
   proc = run_cli("tf_tput.launch", *args, "--", sys.executable, "-c", "pass", timeout=60)
   assert proc.returncode == 2
   lines = error_lines(proc.stderr)
   assert len(lines) == 1 and message in lines[0]
-  assert islands.list_namespaces() == before
+  assert namespaces_left() == []
 
 
 def test_tf2_workers_across_islands_are_one_line():

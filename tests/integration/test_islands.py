@@ -16,8 +16,10 @@ import pytest
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands
 
+from process_checks import namespaces_left
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# They compare `ip netns list` before and after: one xdist worker runs them all.
+# They time shaped links: one xdist worker runs them all, one after another.
 pytestmark = pytest.mark.xdist_group("islands")
 needs_islands = pytest.mark.skipif(islands.missing() is not None,
                                    reason=str(islands.missing()))
@@ -65,7 +67,6 @@ def _send(net, to: int, senders, nbytes: int) -> tuple:
 
 @needs_islands
 def test_two_islands_send_at_most_the_link_rate_and_count_the_bytes():
-  before = islands.list_namespaces()
   with islands.IslandNetwork(2, 8 * 10**6) as net:  # 8 Mbit/s: 1 MB takes >= 1 s
     assert {i.namespace for i in net.islands} <= set(islands.list_namespaces())
     assert all(i.address.startswith("198.18.") for i in net.islands)
@@ -78,27 +79,25 @@ def test_two_islands_send_at_most_the_link_rate_and_count_the_bytes():
     assert seconds >= 0.9  # cannot beat the shaped rate (TCP headers add to it)
     (sent0, recv0), (sent1, recv1) = net.link_bytes()
     assert sent0 >= 10**6 and recv1 == sent0 and recv0 == sent1
-  assert islands.list_namespaces() == before
+  assert namespaces_left(os.getpid()) == []
 
 
 @needs_islands
 def test_three_islands_meet_through_a_bridge_unshaped():
-  before = islands.list_namespaces()
   with islands.IslandNetwork(3, None) as net:
     received, _ = _send(net, 2, [0, 1], 10**5)
     assert received == 2 * 10**5
     sent = [tx for tx, _ in net.link_bytes()]
     assert sent[0] >= 10**5 and sent[1] >= 10**5
-  assert islands.list_namespaces() == before
+  assert namespaces_left(os.getpid()) == []
 
 
 @needs_islands
 def test_an_error_inside_removes_everything():
-  before = islands.list_namespaces()
   with pytest.raises(RuntimeError, match="boom"):
     with islands.IslandNetwork(2, 10**9):
       raise RuntimeError("boom")
-  assert islands.list_namespaces() == before
+  assert namespaces_left(os.getpid()) == []
   assert not list(islands.NETNS_ETC.glob(f"tt{os.getpid()}*"))
 
 
@@ -106,20 +105,19 @@ def test_an_error_inside_removes_everything():
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_maker_that_is_killed_leaves_nothing(sig):
   """Even SIGKILL, which no handler sees: the reaper removes the namespaces."""
-  before = islands.list_namespaces()
   maker = subprocess.Popen(
       [sys.executable, "-c", "import time; from tf_tput.runtime import islands\n"
        "with islands.IslandNetwork(3, 10**8):\n  print('up', flush=True); time.sleep(600)"],
       stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
   try:
     assert maker.stdout.readline().strip() == "up"
-    assert len(islands.list_namespaces()) == len(before) + 4  # 3 islands + the bridge
+    assert len(namespaces_left(maker.pid)) == 4  # 3 islands + the bridge
     maker.send_signal(sig)
     maker.wait(timeout=30)
     deadline = time.monotonic() + 20
-    while islands.list_namespaces() != before and time.monotonic() < deadline:
+    while namespaces_left(maker.pid) and time.monotonic() < deadline:
       time.sleep(0.2)
-    assert islands.list_namespaces() == before
+    assert namespaces_left(maker.pid) == []
     assert not any((islands.NETNS_ETC / f"tt{maker.pid}i{k}").exists() for k in range(3))
   finally:
     maker.kill()

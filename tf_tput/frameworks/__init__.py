@@ -24,7 +24,9 @@ launch and the peak probe ask that object, never the framework by name:
                          devices_per_worker, grace_s, timeout_s, start_timeout_s,
                          ports=None, network=None, chief_env=None) -> int
           # only where serves_workers: starts the servers and the command, returns
-          # the exit code (tf_tput.launch --num_workers)
+          # the exit code (tf_tput.launch --num_workers); network: where they run, a
+          # runtime.islands.PrivateNetwork (loopback only) or IslandNetwork, None for
+          # this machine's own network (--expose_servers)
 
 Each module imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.

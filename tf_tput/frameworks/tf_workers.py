@@ -1,6 +1,13 @@
 """TF worker processes on loopback (or in islands): started, awaited, described when
 they die, stopped.
 
+TensorFlow's gRPC servers listen on every interface (tf_server). Unless told to
+expose them (--expose_servers), tf_tput.launch passes a runtime.islands.PrivateNetwork,
+a namespace with nothing but loopback, and every task starts inside it: the workers
+and what talks to them (the chief, or every worker's copy of the program); the
+micro-benchmark runs its client and servers inside one (tf_single.run_private).
+Across islands each task starts in its island's namespace instead.
+
 Shared by tf_tput.launch --num_workers (the chief is the launched command) and the TF
 micro-benchmark (its client drives worker 0 as master). Each worker is a
 tf_tput.frameworks.tf_server process in its own session, told its task through TF_CONFIG, with
@@ -62,13 +69,24 @@ def tf_config(spec: dict, job: str, index: int) -> str:
   return json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
 
 
+def exec_prefix(network, task: int, count: int) -> list:
+  """What starts task `task` of `count` where it runs: in its island (network a
+  runtime.islands.IslandNetwork), in the one private namespace (a PrivateNetwork, no
+  islands), or here (None)."""
+  if network is None:
+    return []
+  if network.islands:
+    return network.island_of(task, count).exec_prefix()
+  return network.exec_prefix()
+
+
 class WorkerProcesses:
   """The "worker" job of `spec`: one tf_server per address, each with `devices` CPUs."""
 
   def __init__(self, spec: dict, devices: int, log_dir: str, lifetime_s: float,
                die_with_parent: bool = False, network=None):
     self.spec = spec
-    self._network = network  # runtime.islands.IslandNetwork: start each in its island
+    self._network = network  # runtime.islands: start each where exec_prefix() says
     self.addresses = spec[cluster.WORKER]
     self._devices = devices
     self._log_dir = log_dir
@@ -88,9 +106,7 @@ class WorkerProcesses:
       env[cluster.ENV] = tf_config(self.spec, cluster.WORKER, task)
       command = [sys.executable, "-m", SERVER_MODULE, f"--devices={self._devices}",
                  f"--lifetime_s={self._lifetime_s:.0f}"]
-      if self._network:
-        island = self._network.island_of(task, len(self.addresses))
-        command = island.exec_prefix() + command
+      command = exec_prefix(self._network, task, len(self.addresses)) + command
       with open(self._log_path(task), "wb") as log:
         self.procs.append(processes.popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -139,13 +155,15 @@ class WorkerProcesses:
 
 
 def launch_every_worker(command: list, num_workers: int, devices_per_worker: int,
-                        grace_s: float, timeout_s: float = None, ports=None) -> int:
+                        grace_s: float, timeout_s: float = None, ports=None,
+                        network=None) -> int:
   """N copies of `command`, worker i with TF_CONFIG naming it task i of a loopback
   "worker" job (MultiWorkerMirroredStrategy's cluster: every worker runs the program,
-  worker 0 is its chief) and DEVICES_ENV; failures and Ctrl-C as processes.launch."""
+  worker 0 is its chief) and DEVICES_ENV; failures and Ctrl-C as processes.launch.
+  With `network` (a runtime.islands.PrivateNetwork) every copy starts inside it."""
   spec = loopback_cluster(num_workers, with_chief=False, ports=ports)
   return processes.launch(
-      command, num_workers, grace_s, timeout_s,
+      command, num_workers, grace_s, timeout_s, network=network,
       env_of=lambda i: {cluster.ENV: tf_config(spec, cluster.WORKER, i),
                         DEVICES_ENV: str(devices_per_worker)})
 
@@ -159,13 +177,15 @@ def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: fl
   runs is named at once; the command then has WORKER_LOSS_GRACE_S to notice and record
   the failure before it is stopped. Ctrl-C / SIGTERM stop everything: 128 + signal.
   With `network` (a runtime.islands.IslandNetwork) every task starts inside its island
-  (island_cluster); chief_env adds variables to the chief's environment.
+  (island_cluster), the chief in island 0; with a runtime.islands.PrivateNetwork every
+  task starts inside it, on loopback. chief_env adds variables to the chief's
+  environment.
   """
-  spec = (island_cluster(num_workers, network) if network else
+  in_islands = bool(network and network.islands)
+  spec = (island_cluster(num_workers, network) if in_islands else
           loopback_cluster(num_workers, with_chief=True, ports=ports))
-  chief_prefix, chief_env = [], dict(chief_env or {})
-  if network:
-    chief_prefix = network.islands[0].exec_prefix()
+  chief_prefix, chief_env = exec_prefix(network, 0, 1), dict(chief_env or {})
+  if in_islands:
     chief_env.update(network.process_env(network.islands[0]))
   lifetime_s = timeout_s + start_timeout_s + 60 if timeout_s else UNBOUNDED_LIFETIME_S
   chief = []

@@ -13,8 +13,13 @@ exits by itself (see tf_server).
 Loopback. Every address in the cluster, and the client's target, is 127.0.0.1, but
 TensorFlow's gRPC server listens on the wildcard address 0.0.0.0:PORT ([::] dual-stack)
 whatever the cluster spec says: grpc_server_lib.cc hard-codes it and neither
-tf.distribute.Server nor ServerDef can restrict it. While a run lasts, its servers'
-ports are reachable from other machines that can reach this one, unauthenticated.
+tf.distribute.Server nor ServerDef can restrict it. So tf_tput.micro runs each
+measurement through run_private(): a child process inside a private network namespace
+with nothing but loopback (runtime.islands.PrivateNetwork) runs run() there, the
+client and its servers together, and hands the seconds back through a file; nothing
+outside the namespace reaches the servers. run() itself, called in this process (as
+the tests do, and tf_tput.micro --expose_servers), leaves the servers' ports reachable
+from other machines that can reach this one, unauthenticated, while the run lasts.
 
 Client. The calling process holds one tf.compat.v1.Session on grpc://<worker 0> and
 builds, in its own tf.Graph, ops placed on /job:worker/replica:0/task:i/device:CPU:j.
@@ -71,18 +76,32 @@ worker that dies raises RuntimeError with the end of its log. Clean-up comes on 
 at most CLOSE_WAIT_S for the session's close and STOP_GRACE_S for the servers.
 """
 
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
 
+import tf_tput
 from tf_tput import micro
 from tf_tput.frameworks import tf_cluster as cluster_lib, tf_workers
 from tf_tput.errors import UsageError
+from tf_tput.runtime import islands, processes
 
 MODES = ("opbyop", "chained", "fused")
 JOB = cluster_lib.WORKER
 STOP_GRACE_S = 3.0
 CLOSE_WAIT_S = 2.0                  # a session close that hangs is left behind after this
 LIFETIME_MARGIN_S = 30.0            # servers exit on their own this long after the deadline
+CLIENT_MODULE = "tf_tput.micro.tf_single"  # run_private's child: run() in the namespace
+# Errors of run_private's child that keep their type here (others: RuntimeError).
+_ERROR_TYPES = {"CheckError": micro.CheckError, "TimeoutError": TimeoutError,
+                "UsageError": UsageError}
 
 
 def unavailable():
@@ -105,7 +124,6 @@ def run(spec) -> list:
   """Wall seconds of each of spec.repeats timed repeats; see the module docstring."""
   _validate(spec)
   deadline = time.monotonic() + spec.timeout_s
-  import tensorflow as tf
   with tempfile.TemporaryDirectory(prefix="tf_tput_micro_tf_") as log_dir:
     lifetime_s = spec.timeout_s + LIFETIME_MARGIN_S
     cluster = tf_workers.WorkerProcesses(
@@ -113,7 +131,10 @@ def run(spec) -> list:
         spec.devices_per_host, log_dir, lifetime_s)
     try:
       cluster.start()
-      program = _Program(tf, spec)  # built while the servers import TensorFlow
+      # Imported (the first time: in run_private's child) and built while the
+      # servers import TensorFlow.
+      import tensorflow as tf
+      program = _Program(tf, spec)
       cluster.wait_until_serving(deadline, f"timeout_s={spec.timeout_s}")
       config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_remaining_ms(deadline))
       session = tf.compat.v1.Session(f"grpc://{cluster.addresses[0]}", graph=program.graph,
@@ -123,13 +144,52 @@ def run(spec) -> list:
         return _measure(tf, session, program, spec, deadline)
       finally:
         cluster_lib.close_session(session, CLOSE_WAIT_S)
-    except tf.errors.OpError as e:
-      explained = _explain(tf, e, cluster, spec, deadline)
+    except Exception as e:
+      tf = sys.modules.get("tensorflow")
+      explained = (_explain(tf, e, cluster, spec, deadline)
+                   if tf and isinstance(e, tf.errors.OpError) else None)
       if explained is None:
         raise
       raise explained from e
     finally:
       cluster.stop(STOP_GRACE_S)
+
+
+def run_private(spec) -> list:
+  """run(spec) in a child process inside a private network namespace with nothing but
+  loopback: the same client, servers and timing, out of other machines' reach. Needs
+  root and iproute2 (UsageError otherwise); Ctrl-C stops the child, which stops its
+  servers."""
+  _validate(spec)
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(
+      [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+  with islands.PrivateNetwork() as network, \
+      tempfile.TemporaryDirectory(prefix="tf_tput_micro_tf_") as tmp:
+    out = os.path.join(tmp, "result.json")
+    client = processes.popen(network.exec_prefix() + [
+        sys.executable, "-m", CLIENT_MODULE, f"--spec={json.dumps(dataclasses.asdict(spec))}",
+        f"--out={out}"], env=env, stdin=subprocess.DEVNULL)
+    try:
+      code = client.wait(timeout=spec.timeout_s + LIFETIME_MARGIN_S)
+    except subprocess.TimeoutExpired:
+      raise TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} by "
+                         f"{LIFETIME_MARGIN_S:g} s ({spec.mode}, hosts={spec.hosts})"
+                         ) from None
+    finally:  # SIGTERM first: the child stops its servers (main())
+      processes.stop([client], STOP_GRACE_S + CLOSE_WAIT_S + 1)
+    try:
+      with open(out) as f:
+        result = json.load(f)
+    except (OSError, ValueError):
+      raise RuntimeError(f"tf: the client in the private network namespace "
+                         f"{processes.how(code)} without a result; see its output "
+                         "above") from None
+  if "error" in result:
+    kind = _ERROR_TYPES.get(result["type"])
+    raise (kind(result["error"]) if kind else
+           RuntimeError(f"{result['type']}: {result['error']}"))
+  return result["repeat_seconds"]
 
 
 def _validate(spec) -> None:
@@ -276,3 +336,31 @@ def _explain(tf, error, cluster, spec, deadline):
     return TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} "
                         f"({spec.mode}, hosts={spec.hosts})")
   return None
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+  """run_private's child: run() of --spec, its seconds or its error to --out."""
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument("--spec", required=True, help="a micro.Spec as JSON")
+  parser.add_argument("--out", required=True, help="where the result's JSON goes")
+  args = parser.parse_args(argv)
+  signal.signal(signal.SIGTERM, _interrupt)  # how run_private stops it: run() cleans up
+  try:
+    result = {"repeat_seconds": run(micro.Spec(**json.loads(args.spec)))}
+  except KeyboardInterrupt:
+    return 128 + signal.SIGINT
+  except Exception as e:  # noqa: BLE001: handed to run_private, which raises it
+    traceback.print_exc()
+    result = {"type": type(e).__name__, "error": str(e)}
+  with open(args.out, "w") as f:
+    json.dump(result, f)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -18,6 +18,10 @@ Everything made is removed on success, failure, Ctrl-C and SIGTERM
 (the context manager) and when the process that made it is killed outright: a reaper
 process, started first, waits on a pipe whose other end only this process holds, and
 removes the namespaces when it closes (as the kernel closes it on any death).
+
+PrivateNetwork is the same machinery for one namespace with nothing but loopback and
+no islands: servers that listen on every interface (some cannot be told otherwise)
+run inside it with everything that talks to them, out of reach of other machines.
 """
 
 import dataclasses
@@ -97,6 +101,16 @@ def missing() -> Optional[str]:
   return None
 
 
+def private_missing() -> Optional[str]:
+  """What this machine lacks to make a PrivateNetwork (root, iproute2's ip), or None."""
+  if os.geteuid() != 0:
+    return f"network namespaces need root (this process runs as uid {os.geteuid()})"
+  if shutil.which("ip") is None:
+    return ("network namespaces need iproute2's 'ip', which is not on PATH (apt-get "
+            "install iproute2)")
+  return None
+
+
 def _run(args: list) -> str:
   proc = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
   if proc.returncode:
@@ -116,34 +130,26 @@ class Island:
     return ["ip", "netns", "exec", self.namespace]
 
 
-class IslandNetwork:
-  """K islands joined by links shaped at rate_bits_per_s (None: unshaped).
+class _Namespaces:
+  """Network namespaces made on entering and removed on leaving, also when the maker
+  is killed outright (the reaper). A subclass names them and makes their contents."""
 
-      with IslandNetwork(2, 10**9) as net:
-        subprocess.run(net.islands[0].exec_prefix() + command)
-        net.link_bytes()   # bytes each island sent and received on its link
-  """
-
-  def __init__(self, num_islands: int, rate_bits_per_s: Optional[int], tag: str = ""):
-    if num_islands < 2:
-      raise UsageError(f"--islands={num_islands}; islands are joined by links: pass >= 2, "
-                       "or leave --islands unset for one")
-    if num_islands > SUBNET.num_addresses - 3:
-      raise UsageError(f"--islands={num_islands}; at most {SUBNET.num_addresses - 3}")
-    self.rate_bits_per_s = rate_bits_per_s
+  def __init__(self, tag: str = ""):
     self._tag = tag or f"tt{os.getpid()}"
-    hosts = list(SUBNET.hosts())
-    self.islands = [Island(k, f"{self._tag}i{k}", str(hosts[k]), f"{self._tag}v{k}")
-                    for k in range(num_islands)]
-    self._bridge = f"{self._tag}br" if num_islands > 2 else None
     self._reaper = None
 
   @property
   def namespaces(self) -> list:
-    return [i.namespace for i in self.islands] + ([self._bridge] if self._bridge else [])
+    raise NotImplementedError
+
+  def _missing(self) -> Optional[str]:
+    raise NotImplementedError
+
+  def _create(self) -> None:
+    raise NotImplementedError
 
   def __enter__(self):
-    problem = missing()
+    problem = self._missing()
     if problem:
       raise UsageError(problem)
     # Started before anything exists, so nothing can outlive this process.
@@ -159,14 +165,91 @@ class IslandNetwork:
   def __exit__(self, *exc):
     self.remove()
 
+  def remove(self) -> None:
+    """Deletes every namespace made (their links go with them); safe to repeat."""
+    existing = set(list_namespaces())
+    for name in self.namespaces:
+      if name in existing:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True,
+                       timeout=COMMAND_TIMEOUT_S)
+      shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+    if self._reaper is not None:
+      self._reaper.stdin.close()  # nothing left for it to do; it exits
+      self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
+      self._reaper = None
+
+
+def _add_namespace(name: str) -> None:
+  """A new namespace with its loopback up and IPv6 off."""
+  _run(["ip", "netns", "add", name])
+  _run(["ip", "-n", name, "link", "set", "lo", "up"])
+  # IPv6's own chatter (router solicitations, address probes) would cross an island's
+  # link at random moments and blur its byte counters.
+  _run(["ip", "netns", "exec", name, "sysctl", "-qw",
+        "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])
+
+
+class PrivateNetwork(_Namespaces):
+  """One network namespace with nothing but loopback: processes started inside it
+  (exec_prefix) reach each other on 127.0.0.1, and nothing outside it reaches what
+  they serve, even a server that listens on every interface. It has no islands.
+
+      with PrivateNetwork() as net:
+        subprocess.run(net.exec_prefix() + command)
+  """
+
+  islands = ()
+
+  def __init__(self, tag: str = ""):
+    super().__init__(tag)
+    self.namespace = f"{self._tag}lo"
+
+  @property
+  def namespaces(self) -> list:
+    return [self.namespace]
+
+  def _missing(self) -> Optional[str]:
+    return private_missing()
+
+  def _create(self) -> None:
+    _add_namespace(self.namespace)
+
+  def exec_prefix(self) -> list:
+    """Prepended to a command to run it inside the namespace."""
+    return ["ip", "netns", "exec", self.namespace]
+
+
+class IslandNetwork(_Namespaces):
+  """K islands joined by links shaped at rate_bits_per_s (None: unshaped).
+
+      with IslandNetwork(2, 10**9) as net:
+        subprocess.run(net.islands[0].exec_prefix() + command)
+        net.link_bytes()   # bytes each island sent and received on its link
+  """
+
+  def __init__(self, num_islands: int, rate_bits_per_s: Optional[int], tag: str = ""):
+    if num_islands < 2:
+      raise UsageError(f"--islands={num_islands}; islands are joined by links: pass >= 2, "
+                       "or leave --islands unset for one")
+    if num_islands > SUBNET.num_addresses - 3:
+      raise UsageError(f"--islands={num_islands}; at most {SUBNET.num_addresses - 3}")
+    super().__init__(tag)
+    self.rate_bits_per_s = rate_bits_per_s
+    hosts = list(SUBNET.hosts())
+    self.islands = [Island(k, f"{self._tag}i{k}", str(hosts[k]), f"{self._tag}v{k}")
+                    for k in range(num_islands)]
+    self._bridge = f"{self._tag}br" if num_islands > 2 else None
+
+  @property
+  def namespaces(self) -> list:
+    return [i.namespace for i in self.islands] + ([self._bridge] if self._bridge else [])
+
+  def _missing(self) -> Optional[str]:
+    return missing()
+
   def _create(self) -> None:
     for name in self.namespaces:
-      _run(["ip", "netns", "add", name])
-      _run(["ip", "-n", name, "link", "set", "lo", "up"])
-      # IPv6's own chatter (router solicitations, address probes) would cross the
-      # links at random moments and blur their byte counters.
-      _run(["ip", "netns", "exec", name, "sysctl", "-qw",
-            "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"])
+      _add_namespace(name)
     if self._bridge:
       _run(["ip", "-n", self._bridge, "link", "add", "br0", "type", "bridge"])
       _run(["ip", "-n", self._bridge, "link", "set", "br0", "up"])
@@ -219,20 +302,6 @@ class IslandNetwork:
       stats = info.get("stats64", info.get("stats"))
       out.append((int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])))
     return out
-
-  def remove(self) -> None:
-    """Deletes every namespace made (their links go with them); safe to repeat."""
-    existing = set(list_namespaces())
-    for name in self.namespaces:
-      if name in existing:
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True,
-                       timeout=COMMAND_TIMEOUT_S)
-      shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-    if self._reaper is not None:
-      self._reaper.stdin.close()  # nothing left for it to do; it exits
-      self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
-      self._reaper = None
-
 
 def list_namespaces() -> list:
   """The names `ip netns list` shows."""

@@ -162,12 +162,13 @@ def launch(command: list, num_processes: int, grace_s: float,
 
   With `network` (a runtime.islands.IslandNetwork) the processes split into its
   islands in order, each started inside its island, the coordinator on island 0's
-  address; otherwise on loopback. env_of(index), when given, adds variables to a
+  address; otherwise on loopback, inside `network` when it is a
+  runtime.islands.PrivateNetwork. env_of(index), when given, adds variables to a
   process's environment (a TF_CONFIG each).
   On Ctrl-C / SIGTERM every process is stopped, then the exit code is 128 + signal,
   or KeyboardInterrupt is raised when the caller has more to stop (reraise_interrupt).
   """
-  host = network.islands[0].address if network else "127.0.0.1"
+  host = network.islands[0].address if network and network.islands else "127.0.0.1"
   coordinator = f"{host}:{free_loopback_port()}"  # a namespace's ports are all free
   procs = []
   with recording_signals() as interrupted:
@@ -191,6 +192,8 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
       island = network.island_of(index, num_processes)
       env.update(network.process_env(island))
       prefix = island.exec_prefix()
+    elif network:  # one private namespace
+      prefix = network.exec_prefix()
     procs.append(popen(prefix + list(command), env=env))
   started = time.monotonic()
   while True:
