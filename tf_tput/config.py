@@ -13,6 +13,7 @@ import logging
 import pathlib
 import re
 import tokenize
+import typing
 from typing import Optional, Sequence
 
 import gin
@@ -240,18 +241,94 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
                             train=TrainConfig(), data=DataConfig(),
                             pipeline=PipelineConfig())
   except TypeError as e:
+    macro = re.search(r"configurable 'macro' .* in scope '([^']*)'", str(e))
+    if macro:
+      raise UsageError(f"gin: macro %{macro.group(1)} is used but never defined; define "
+                       f"it ({macro.group(1)} = VALUE) or bind the value itself") from None
     missing = re.search(r"arguments: (\[.*?\])", str(e))
     raise UsageError(
         f"gin: no value bound for {missing.group(1) if missing else errors.one_line(e)}; "
         "pass a model file, e.g. --gin_file=t5_small (a file of gin/models/)") from None
+  except ValueError as e:  # e.g. a reference gin cannot evaluate
+    raise UsageError(f"gin: {errors.one_line(e)}; check the bindings against the "
+                     "configurables in tf_tput/config.py") from None
   experiment = Experiment(**experiment_parts, operative_config=gin.operative_config_str())
   validate(experiment)
   return experiment
 
 
-def _check_positive(value, name: str, minimum: int = 1) -> None:
+def _check_positive(value, name: str, minimum: int = 1, maximum: int = None) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
     raise UsageError(f"{name} = {value!r}; it must be an integer >= {minimum}")
+  if maximum is not None and value > maximum:
+    raise UsageError(f"{name} = {value!r}; it must be an integer <= {maximum}")
+
+
+# Every gin-configurable dataclass above: check_fields checks each of their fields.
+CONFIGS = (ModelConfig, MeshConfig, PipelineConfig, TrainConfig, DataConfig)
+# Integer fields: [1, INT_MAX] unless INT_RANGES says otherwise. INT_MAX is int32's:
+# token ids are int32 (data.py), and a count or size past it is a typo, not a run.
+INT_MAX = 2 ** 31 - 1
+INT_RANGES = {
+    "ModelConfig.vocab_size": (3, INT_MAX),   # pad, EOS and at least one token
+    "TrainConfig.seed": (0, INT_MAX),         # numpy, TF and JAX all take it
+    "DataConfig.inputs_length": (0, INT_MAX),  # >= 1 for encoder-decoder models (validate)
+}
+# Text fields with a fixed set of values.
+CHOICES = {
+    "ModelConfig.arch": ARCHS, "ModelConfig.activation_dtype": DTYPES,
+    "ModelConfig.embedding": EMBEDDINGS, "DataConfig.source": DATA_SOURCES,
+    "PipelineConfig.schedule": pipeline.SCHEDULES,
+}
+# Text fields that may be empty: '' is "none" (a layout without rules; no tfds name).
+MAY_BE_EMPTY = ("MeshConfig.layout", "DataConfig.tfds_name")
+# tf_tput.train flags that set a binding, named beside it.
+FLAG_OF = {"TrainConfig.global_batch": "--global_batch", "TrainConfig.steps": "--steps",
+           "TrainConfig.warmup_steps": "--warmup_steps"}
+
+
+def field_label(binding: str) -> str:
+  """'TrainConfig.steps (--steps)': a binding and the flag that sets it, if any."""
+  return f"{binding} ({FLAG_OF[binding]})" if binding in FLAG_OF else binding
+
+
+def check_fields(experiment: Experiment) -> None:
+  """Every field of every config by its annotated type (int, str, bool, Optional[...])
+  and its range (INT_RANGES, CHOICES, MAY_BE_EMPTY): UsageError naming the binding
+  and what it must be. A field added to a config is checked by its type at once."""
+  for part in (getattr(experiment, f.name) for f in dataclasses.fields(experiment)):
+    if not isinstance(part, CONFIGS):
+      continue  # operative_config: gin's own text
+    hints = typing.get_type_hints(type(part))
+    for field in dataclasses.fields(part):
+      binding = f"{type(part).__name__}.{field.name}"
+      _check_field(binding, getattr(part, field.name), hints[field.name])
+
+
+def _check_field(binding: str, value, annotation) -> None:
+  label = field_label(binding)
+  kinds = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union \
+      else (annotation,)
+  if value is None and type(None) in kinds:
+    return
+  kind = next(k for k in kinds if k is not type(None))
+  optional = " or None" if type(None) in kinds else ""
+  if kind is int:
+    low, high = INT_RANGES.get(binding, (1, INT_MAX))
+    _check_positive(value, label, minimum=low, maximum=high)
+  elif kind is bool:
+    if not isinstance(value, bool):
+      raise UsageError(f"{label} = {value!r}; it must be True or False{optional}")
+  elif kind is str:
+    if binding in CHOICES:
+      if not isinstance(value, str) or value not in CHOICES[binding]:
+        raise UsageError(f"{label} = {value!r}; choose one of {CHOICES[binding]}")
+    elif not isinstance(value, str) or not (value or binding in MAY_BE_EMPTY):
+      empty = "a string" if binding in MAY_BE_EMPTY else "a non-empty string"
+      raise UsageError(f"{label} = {value!r}; it must be {empty}{optional}, quoted: "
+                       f"--gin_param=\"{binding} = 'TEXT'\"")
+  else:  # a new kind of field: give it a rule here
+    raise TypeError(f"{binding}: config.check_fields has no rule for {annotation}")
 
 
 def tensor_dim_sizes(experiment: Experiment) -> dict:
@@ -270,32 +347,20 @@ def validate(experiment: Experiment, num_devices: Optional[int] = None,
   num_devices counts every process's devices (num_processes of them).
   """
   m, t, d = experiment.model, experiment.train, experiment.data
-  if m.arch not in ARCHS:
-    raise UsageError(f"ModelConfig.arch = {m.arch!r}; choose one of {ARCHS}")
-  if m.activation_dtype not in DTYPES:
-    raise UsageError(f"ModelConfig.activation_dtype = {m.activation_dtype!r}; "
-                     f"choose one of {DTYPES}")
-  if m.embedding not in EMBEDDINGS:
-    raise UsageError(f"ModelConfig.embedding = {m.embedding!r}; choose one of "
-                     f"{EMBEDDINGS}")
-  for field in ("num_layers", "d_model", "d_ff", "num_heads", "d_kv",
-                "relative_attention_num_buckets"):
-    _check_positive(getattr(m, field), f"ModelConfig.{field}")
-  _check_positive(m.vocab_size, "ModelConfig.vocab_size", minimum=3)  # pad, EOS, a token
-  _check_positive(t.global_batch, "TrainConfig.global_batch (--global_batch)")
-  _check_positive(t.steps, "TrainConfig.steps (--steps)")
-  _check_positive(t.warmup_steps, "TrainConfig.warmup_steps (--warmup_steps)")
-  _check_positive(t.sync_every, "TrainConfig.sync_every")
+  check_fields(experiment)  # every field's type and range; then how they combine
+  for field in ("mesh_shape", "layout"):
+    try:
+      (parse_mesh_shape if field == "mesh_shape" else parse_layout)(
+          getattr(experiment.mesh, field))
+    except UsageError as e:
+      raise UsageError(f"MeshConfig.{field}: {e}") from None
   for name, value in (("warmup_steps", t.warmup_steps), ("steps", t.steps)):
     if value % t.sync_every:  # windows are whole: the clock reads only after a fetch
       raise UsageError(f"TrainConfig.{name} = {value} is not a multiple of "
                        f"TrainConfig.sync_every = {t.sync_every}; pass --{name}="
                        f"{-(-value // t.sync_every) * t.sync_every}")
-  _check_positive(d.targets_length, "DataConfig.targets_length")
   if m.arch == "encoder_decoder":
     _check_positive(d.inputs_length, "DataConfig.inputs_length")
-  if d.source not in DATA_SOURCES:
-    raise UsageError(f"DataConfig.source = {d.source!r}; choose one of {DATA_SOURCES}")
   if d.source == "tfds" and not d.tfds_name:
     raise UsageError("DataConfig.source = 'tfds' needs DataConfig.tfds_name, "
                      "e.g. --gin_param=\"DataConfig.tfds_name='lm1b'\"")

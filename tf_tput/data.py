@@ -80,6 +80,19 @@ def ring_size(experiment: Experiment, count: Optional[int] = None) -> int:
   return max(1, min(count or t.warmup_steps + t.steps, RING_CAP, RING_BYTES // batch_bytes))
 
 
+def host_bytes(experiment: Experiment) -> int:
+  """Host memory the batches hold at once, at most: synthetic, the ring plus one
+  batch's drawing (a float64 draw and its int64 index per token, beside the int32 ids);
+  tfds, the prefetched batches and the rows stacked into one (packing adds segment and
+  position rows). What tf_tput.train checks against the host's memory before it starts."""
+  t, lengths = experiment.train, lengths_of(experiment)
+  tokens = t.global_batch * sum(lengths[k] for k in features_of(experiment))
+  if experiment.data.source == "synthetic":
+    return 4 * tokens * ring_size(experiment) + (8 + 8) * tokens
+  per_batch = 4 * tokens * (3 if experiment.data.pack else 1)
+  return per_batch * (PREFETCH_DEPTH + 3)
+
+
 def ring(source: Iterator[dict], count: int) -> Iterator[dict]:
   """`count` batches drawn from `source` now, then cycled forever."""
   return itertools.cycle([next(source) for _ in range(max(1, count))])

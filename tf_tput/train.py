@@ -9,6 +9,7 @@ starts; a run that fails after that still appends a record with status "failed".
 """
 
 import dataclasses
+import json
 import os
 import sys
 from typing import Optional
@@ -48,8 +49,10 @@ flags.DEFINE_enum("strategy", "local", topology_lib.STRATEGIES,
                   "or is one of them where every worker runs the program. tpu: a "
                   "Cloud TPU named by --tpu; NOT exercised by CI or by the tests "
                   "beyond the connection (no TPU there).")
-flags.DEFINE_float("cluster_timeout_s", 60.0, "multi_worker: how long to wait for "
-                   "every worker to answer before giving up.")
+flags.DEFINE_float("cluster_timeout_s", 60.0, "How long to wait for anything outside "
+                   "this process to answer before the run fails naming it: the workers "
+                   "of a cluster (multi_worker), the other processes under tf_tput.launch "
+                   "and their coordinator, a Cloud TPU (tpu).")
 flags.DEFINE_string("tpu", None, "tpu: the Cloud TPU's name, grpc://host:8470, or local "
                     "(on a TPU VM).")
 flags.DEFINE_string("tpu_type", None, "TPU generation for the MFU peak (v2, v3, v4, v5e, "
@@ -95,6 +98,9 @@ class Outcome:
   # its lowering all-reduces or sends; pipelines count stage boundaries); None: one
   # gradient per parameter, reduced hierarchically (islands.analytic_link_bytes).
   analytic_link_bytes: Optional[int] = None
+  # How far the run got (devices, peak probe, batches, build, train, trace, record): a
+  # failure is recorded under it.
+  stage: str = "devices"
 
 
 def _run_key() -> str:
@@ -238,6 +244,26 @@ def _trace_one_step(trainer, batches, run_id: str) -> None:
   print(summary + f"\nChrome trace: {path}", flush=True)
 
 
+# The longest --cluster_timeout_s (11.6 days): every framework's clock takes it.
+MAX_TIMEOUT_S = 1e6
+
+
+def _check_host_memory(experiment) -> None:
+  """The batches are built on this host before the clock starts: refused here when
+  they need more memory than the host has, not by an allocation failure later."""
+  needed = data.host_bytes(experiment)
+  try:
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):  # no sysconf: nothing to compare with
+    return
+  if needed > host:
+    t = experiment.train
+    raise UsageError(
+        f"{config.field_label('TrainConfig.global_batch')} = {t.global_batch}: its batches "
+        f"need {needed / 2 ** 30:,.1f} GiB of host memory to build, more than this host's "
+        f"{host / 2 ** 30:,.1f} GiB; pass a smaller --global_batch")
+
+
 def _checked_request():
   """Everything the flags and gin files ask for, checked before any framework starts:
   (experiment, TPU address or None, lines of --results that are not records)."""
@@ -248,11 +274,17 @@ def _checked_request():
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
+  timeout_s = FLAGS.cluster_timeout_s
+  if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
+    raise UsageError(f"--cluster_timeout_s={timeout_s}; it must be > 0 (seconds) and at "
+                     f"most {MAX_TIMEOUT_S:g}")
   tpu_address = _check_strategy(experiment)
+  _check_processes(systems.load(FLAGS.system))
   _check_islands(experiment)
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)
+  _check_host_memory(experiment)
   writes_record = process_id == 0
   malformed = results.check_appendable(FLAGS.results) if writes_record else []
   if FLAGS.tensorboard_dir and writes_record:
@@ -270,8 +302,8 @@ def _checked_request():
   return experiment, tpu_address, malformed
 
 
-def _resolve_devices(system, experiment, tpu_address):
-  """The run's Topology, checked against the mesh."""
+def _check_processes(system) -> None:
+  """The processes tf_tput.launch started, against what the system runs as."""
   num_processes, _ = topology_lib.launched_processes()
   if num_processes > 1 and not system.multi_process:
     raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
@@ -281,6 +313,11 @@ def _resolve_devices(system, experiment, tpu_address):
   if num_processes > 1 and system.every_worker and FLAGS.strategy != "multi_worker":
     raise UsageError(f"--system={FLAGS.system} runs as several processes only as the "
                      "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")
+
+
+def _resolve_devices(system, experiment, tpu_address):
+  """The run's Topology, checked against the mesh."""
+  num_processes, _ = topology_lib.launched_processes()
   topology = system.runtime.resolve(FLAGS.num_cpu_devices, FLAGS.strategy,
                                     system.every_worker, FLAGS.cluster_timeout_s,
                                     tpu_address)
@@ -296,26 +333,30 @@ def _resolve_devices(system, experiment, tpu_address):
   return topology
 
 
-def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Outcome:
-  """Builds the trainer and runs the shared measured loop; a build failure or a failed
-  step is recorded in the measurement, not raised."""
+def _train(system, experiment, topology, writes_record: bool, run_id: str,
+           outcome: Outcome) -> Outcome:
+  """Builds the batches and the trainer and runs the shared measured loop, filling
+  `outcome` as it goes (its stage says how far it got); a build failure or a failed
+  step is recorded in the measurement, not raised; anything else is raised, and run()
+  records it under the stage."""
+  outcome.stage = "batches"
   batches = data.batches(experiment)  # built (synthetic) or prefetching (tfds) now
   writer = None
-  if FLAGS.tensorboard_dir and writes_record:
-    from tf_tput.measure.tensorboard import ScalarWriter
-    writer = ScalarWriter(FLAGS.tensorboard_dir)
   t = experiment.train
-  outcome = Outcome(loop.Measurement(warmup_steps=t.warmup_steps, sync_every=t.sync_every),
-                    models.num_params(experiment.model))
   try:
+    outcome.stage = "build"
+    if FLAGS.tensorboard_dir and writes_record:
+      from tf_tput.measure.tensorboard import ScalarWriter
+      writer = ScalarWriter(FLAGS.tensorboard_dir)
     try:
       trainer = system.build(experiment, topology)
     except UsageError:
       raise
     except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
       logging.exception("building %s failed", system.name)
-      outcome.measurement.error = f"build: {errors.one_line(e)}"
+      outcome.measurement.error = f"build: {errors.cause(e)}"
       return outcome
+    outcome.stage = "train"
     links = os.environ.get(islands.LINKS_ENV)
     if links and writes_record:  # the links' counters, read around the measured steps
       outcome.link_timer = loop.ProbedTimer(lambda: islands.sent_over_links(links),
@@ -329,6 +370,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str) -> Ou
           timer=outcome.link_timer)
       outcome.device_memory_bytes = trainer.device_memory_bytes()
       if FLAGS.trace_dir and not outcome.measurement.error:
+        outcome.stage = "trace"
         _trace_one_step(trainer, batches, run_id)
     finally:
       trainer.close()
@@ -355,35 +397,115 @@ def _report(record: dict, malformed: list) -> int:
   return 0
 
 
+# peak_source of a run that failed before its peak was probed.
+UNPROBED = "none: the run failed before the peak probe"
+
+
+def _unresolved(system, experiment) -> topology_lib.Topology:
+  """The devices the request asks for, as the record names them until they resolve;
+  a run that fails before then keeps them."""
+  return topology_lib.Topology(
+      system.runtime.name, "unresolved",
+      tuple(f"unresolved:{i}" for i in range(experiment.num_devices)),
+      "not resolved: the run failed first",
+      num_processes=topology_lib.launched_processes()[0], strategy=FLAGS.strategy)
+
+
+def _failed(outcome: Outcome, error: str) -> None:
+  """Records a failure after any the measurement holds already."""
+  m = outcome.measurement
+  m.error = f"{m.error}; then {error}" if m.error else error
+
+
 def run() -> int:
   experiment, tpu_address, malformed = _checked_request()
   run_key = _run_key()
   system = systems.load(FLAGS.system)
-  topology = _resolve_devices(system, experiment, tpu_address)
   writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
   started_at, run_id = build.utc_now(), build.new_run_id()
-  logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
-               experiment.model.name, system.name, topology.num_devices,
-               topology.platform, topology.num_processes)
-  # Only the writer measures the peak, the others waiting: they share this host's cores.
-  peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
-                                           experiment.model.activation_dtype,
-                                           probes=writes_record)
-  outcome = _train(system, experiment, topology, writes_record, run_id)
+  t = experiment.train
+
+  def new_outcome(error=None) -> Outcome:
+    return Outcome(loop.Measurement(warmup_steps=t.warmup_steps, sync_every=t.sync_every,
+                                    error=error), models.num_params(experiment.model))
+
+  def record(topology, outcome, peak, peak_source) -> dict:
+    summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices,
+                                peak)
+    return _record(experiment, topology, outcome, summary, peak_source, started_at,
+                   run_id, run_key)
+
+  # Every value the record will hold, checked before any framework starts: a failed
+  # record of this request, nothing run yet.
+  topology, peak, peak_source = _unresolved(system, experiment), None, UNPROBED
+  try:
+    results.validate(build.plain(record(topology, new_outcome("not run"), peak, peak_source)))
+  except ValueError as e:
+    raise UsageError(f"this run's record would not be valid ({e}); fix the bindings or "
+                     "flags it names") from None
+  # From here on every failure ends in a record (process 0's), status failed.
+  outcome = new_outcome()
+  try:
+    topology = _resolve_devices(system, experiment, tpu_address)
+    logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
+                 experiment.model.name, system.name, topology.num_devices,
+                 topology.platform, topology.num_processes)
+    # Only the writer measures the peak, the others waiting: they share this host's
+    # cores.
+    outcome.stage = "peak probe"
+    peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
+                                             experiment.model.activation_dtype,
+                                             probes=writes_record)
+    _train(system, experiment, topology, writes_record, run_id, outcome)
+    if writes_record and not outcome.measurement.error:  # a failed run's goes as it is
+      outcome.stage = "peak probe after the run"
+      peak, peak_source = peak_lib.reprobed(system.runtime, topology,
+                                            experiment.model.activation_dtype,
+                                            (peak, peak_source))
+  except Exception as e:  # noqa: BLE001: a failure after the check is a recorded run
+    # A usage error or a timeout says all in its message; anything else gets its stack.
+    logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
+                  exc_info=not isinstance(e, (UsageError, TimeoutError)))
+    _failed(outcome, f"{outcome.stage}: {errors.cause(e)}")
   if not writes_record:
     return 1 if outcome.measurement.error else 0
-  if not outcome.measurement.error:  # a failed run's record goes out as it is
-    peak, peak_source = peak_lib.reprobed(system.runtime, topology,
-                                          experiment.model.activation_dtype,
-                                          (peak, peak_source))
-  summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices, peak)
-  return _report(_record(experiment, topology, outcome, summary, peak_source, started_at,
-                         run_id, run_key), malformed)
+  try:
+    try:
+      final = build.valid_record(record(topology, outcome, peak, peak_source))
+    except Exception as e:  # noqa: BLE001: the measurement must still reach a record
+      logging.exception("building the record failed")
+      _failed(outcome, f"record: {errors.cause(e)}")
+      final = build.valid_record(record(topology, new_outcome(outcome.measurement.error),
+                                   None, UNPROBED))
+  except Exception as e:  # noqa: BLE001: no record can be made; say so, in one line
+    logging.exception("the record of run %s cannot be made", run_id)
+    print(f"error: run {run_id} ended ({outcome.measurement.error or 'ok'}) but its record "
+          f"cannot be made ({errors.cause(e)}); nothing was appended to --results="
+          f"{FLAGS.results}", file=sys.stderr)
+    return 1
+  try:
+    return _report(final, malformed)
+  except OSError as e:  # the append itself: the record goes to the log instead
+    logging.error("the record of run %s, not appended: %s", run_id, json.dumps(final))
+    print(f"error: the record of run {run_id} (status {final['status']}) could not be "
+          f"appended to --results={FLAGS.results} ({errors.cause(e)}); it is in the log "
+          "above", file=sys.stderr)
+    return 1
 
 
 def main(argv) -> int:
   return errors.run_entry_point(run, argv)
 
 
+def _parse_flags(argv):
+  """absl's parsing, a flag value it cannot parse (--steps=abc) one error line and
+  exit 2, as every other bad request."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {' '.join(str(e).split())}; see --helpshort", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -8,13 +8,53 @@ jax.distributed (the launcher's coordinator, gloo CPU collectives; strategy
 "multi_process"); its num_cpu_devices are then per process.
 """
 
+import math
 import os
+import threading
 from typing import Optional
 
 from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime import processes, topology as topology_lib
 from tf_tput.runtime.topology import Topology
+
+
+# After --cluster_timeout_s the run fails here, in Python; JAX's own deadline comes this
+# much later: when it passes, JAX ends the process (a fatal log line, SIGABRT), with no
+# record, so the process must be gone by then.
+ABORT_MARGIN_S = 60
+
+
+def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
+                   timeout_s: float) -> None:
+  """jax.distributed.initialize, failing after timeout_s with a TimeoutError that names
+  the coordinator and the flag. JAX waits for every process to register with the
+  coordinator (process 0 serves it) up to its initialization_timeout and then aborts
+  the process, which no Python code outlives; so the call runs on a daemon thread and
+  this thread stops waiting for it first. A process that gives up exits soon after
+  (its record written), well before JAX's later deadline."""
+  outcome = {}
+
+  def initialize():
+    try:
+      jax.distributed.initialize(
+          coordinator_address=coordinator, coordinator_bind_address=coordinator,
+          num_processes=num_processes, process_id=process_id,
+          initialization_timeout=math.ceil(timeout_s) + ABORT_MARGIN_S)
+    except BaseException as e:  # noqa: BLE001: raised again in the caller's thread
+      outcome["error"] = e
+
+  joining = threading.Thread(target=initialize, name="jax-distributed-initialize",
+                             daemon=True)
+  joining.start()
+  joining.join(timeout_s)
+  if joining.is_alive():
+    raise TimeoutError(f"process {process_id}: the JAX coordinator at {coordinator} did "
+                       f"not gather all {num_processes} processes within "
+                       f"--cluster_timeout_s={timeout_s:g}; start them all (python -m "
+                       "tf_tput.launch --num_processes=N does) or raise the timeout")
+  if "error" in outcome:
+    raise outcome["error"]
 
 
 class JaxRuntime:
@@ -38,9 +78,7 @@ class JaxRuntime:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
       # 127.0.0.1:port, or island 0's address inside the islands tf_tput.launch made
       coordinator = os.environ[processes.COORDINATOR_ENV]
-      jax.distributed.initialize(coordinator_address=coordinator,
-                                 coordinator_bind_address=coordinator,
-                                 num_processes=num_processes, process_id=process_id)
+      join_processes(jax, coordinator, num_processes, process_id, cluster_timeout_s)
     devices = jax.devices()
     platform = devices[0].platform
     kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind

@@ -43,11 +43,11 @@ class TfRuntime:
               every_worker: bool = False, cluster_timeout_s: float = 60.0,
               tpu_address=None) -> Topology:
     if strategy == "multi_worker":
-      return (_resolve_workers() if every_worker
+      return (_resolve_workers(cluster_timeout_s) if every_worker
               else _resolve_cluster(cluster_timeout_s))
     if strategy == "tpu":
-      return (_resolve_tpu_strategy(tpu_address) if every_worker
-              else _resolve_tpu(tpu_address))
+      return (_resolve_tpu_strategy(tpu_address, cluster_timeout_s) if every_worker
+              else _resolve_tpu(tpu_address, cluster_timeout_s))
     return _resolve_local(num_cpu_devices)
 
   def matmul_runner(self, topology, n: int, dtype: str):
@@ -82,10 +82,12 @@ class TfRuntime:
   def launch_workers(self, command, every_worker: bool, num_workers: int,
                      devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
                      ports=None, network=None, chief_env=None) -> int:
-    if every_worker:  # not across islands: tf_tput.launch refuses that
+    if every_worker:  # not across islands (tf_tput.launch refuses that): network is
+      # None or a runtime.islands.PrivateNetwork
       return tf_workers.launch_every_worker(command, num_workers, devices_per_worker,
                                             grace_s, timeout_s,
-                                            ports[:num_workers] if ports else None)
+                                            ports[:num_workers] if ports else None,
+                                            network=network)
     return tf_workers.launch(command, num_workers, devices_per_worker, grace_s,
                              timeout_s, start_timeout_s, ports, network=network,
                              chief_env=chief_env)
@@ -156,11 +158,14 @@ def _on_this_host(address: str) -> bool:
     return False
 
 
-def _resolve_workers() -> Topology:
+def _resolve_workers(timeout_s: float) -> Topology:
   """This process as one worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG,
   a "worker" job, worker 0 its chief), with tf_workers.DEVICES_ENV logical CPUs. The
   strategy is made here, before any TensorFlow op runs (it must be), and kept in
-  handles; the devices are every worker's, in task order."""
+  handles; the devices are every worker's, in task order.
+
+  Making it waits for every worker to register with worker 0's coordination service,
+  without end by default; timeout_s bounds that wait (_join_workers)."""
   text = os.environ.get(tf_cluster.ENV, "")
   try:
     tf_config = json.loads(text)
@@ -170,6 +175,9 @@ def _resolve_workers() -> Topology:
                      f"{tf_cluster.ENV} with a cluster.worker list and this task's "
                      f"index (got {text!r}); tf_tput.launch --num_workers=N sets it"
                      ) from None
+  if index == 0:  # see _join_workers; before TensorFlow's import, which takes seconds
+    tf_cluster.wait_for_workers([tf_cluster.Worker(i, address)
+                                 for i, address in enumerate(workers) if i], timeout_s)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
   per_worker = int(os.environ.get(tf_workers.DEVICES_ENV, "1"))
@@ -177,7 +185,7 @@ def _resolve_workers() -> Topology:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * per_worker)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  strategy = _join_workers(tf, workers, index, timeout_s)
   devices = tuple(f"/job:worker/replica:0/task:{t}/device:CPU:{d}"
                   for t in range(len(workers)) for d in range(per_worker))
   loopback = all(_on_this_host(w) for w in workers)
@@ -188,21 +196,50 @@ def _resolve_workers() -> Topology:
                                                      "task_index": index})
 
 
-def _resolve_tpu(tpu_address) -> Topology:
+def _join_workers(tf, workers: list, index: int, timeout_s: float):
+  """MultiWorkerMirroredStrategy, its waits for the other workers bounded by timeout_s.
+
+  TF's coordination service (on worker 0) waits for every worker to register, and a
+  worker for worker 0, without end, inside a call that holds the interpreter. So
+  worker 0 first waits (in Python, _resolve_workers) until every other worker's
+  server accepts connections: theirs start as they make the strategy, before they
+  register. The others register with a deadline (the service's
+  cluster_register_timeout, set here before TF would set it without one) and fail
+  when worker 0 never serves."""
+  from tensorflow.python.distribute import multi_worker_util
+  from tensorflow.python.eager import context
+  if context.context().coordination_service is None:
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(
+            {tf_cluster.WORKER: list(workers)}),
+        cluster_register_timeout_in_ms=int(timeout_s * 1000))
+    context.context().coordination_service.coordinated_job_list.add(
+        name=tf_cluster.WORKER, num_tasks=len(workers))
+  try:
+    return tf.distribute.MultiWorkerMirroredStrategy()
+  except tf.errors.DeadlineExceededError:
+    raise TimeoutError(f"worker {index}: worker 0 ({workers[0]}) did not gather every "
+                       f"worker of {tf_cluster.ENV} within --cluster_timeout_s="
+                       f"{timeout_s:g}; start them all (python -m tf_tput.launch "
+                       "--num_workers=N does) or raise the timeout") from None
+
+
+def _resolve_tpu(tpu_address, timeout_s: float) -> Topology:
   """Every core of a Cloud TPU slice (tf_tpu connects and initializes it)."""
   from tf_tput.frameworks import tf_tpu
-  tpu_slice = tf_tpu.connect(tpu_address)
+  tpu_slice = tf_tpu.connect(tpu_address, timeout_s)
   return Topology("tf", "tpu", tpu_slice.devices, tpu_slice.accelerator_kind,
                   num_processes=tpu_slice.num_hosts, strategy="tpu",
                   session_target=tpu_slice.master, shares_host_cpu=False,
                   handles=tpu_slice.handles)
 
 
-def _resolve_tpu_strategy(tpu_address) -> Topology:
+def _resolve_tpu_strategy(tpu_address, timeout_s: float) -> Topology:
   """Every core of a Cloud TPU under TF2's TPUStrategy, which is made here, before any
   other op, and kept in handles. NOT exercised here: no TPU."""
   from tf_tput.frameworks import tf_tpu
-  strategy, resolver = tf_tpu.strategy(tpu_address)
+  strategy, resolver = tf_tpu.strategy(tpu_address, timeout_s)
   devices = tuple(strategy.extended.worker_devices)
   return Topology("tf", "tpu", devices, tf_tpu.accelerator_kind(resolver),
                   num_processes=1, strategy="tpu", shares_host_cpu=False,

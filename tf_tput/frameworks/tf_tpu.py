@@ -13,6 +13,8 @@ cross_replica_sum) in bfloat16 activations.
 """
 
 import dataclasses
+import socket
+import time
 
 from tf_tput import errors
 from tf_tput.errors import UsageError
@@ -63,17 +65,60 @@ class TpuSlice:
   handles: dict              # the resolver and the DeviceAssignment, kept alive
 
 
-def connect(address: TpuAddress) -> TpuSlice:
-  """Connects, initializes the TPU system, and assigns one replica to every core."""
+# TF's own bound on initialize_system (tpu_system_metadata): a pod's initialization
+# can take minutes, so it gets at least this long, whatever --cluster_timeout_s says.
+INITIALIZE_TIMEOUT_S = 300.0
+PROBE_S = 1.0   # one TCP connection attempt to the master
+TIMEOUT_FLAG = "--cluster_timeout_s"
+
+
+def wait_for_master(address: TpuAddress, master: str, timeout_s: float) -> None:
+  """Returns once the TPU worker's gRPC port (grpc://host:port) accepts a connection;
+  TimeoutError naming the address and the flag when nothing answers within timeout_s.
+  A Session to a master nobody serves would wait without end. '' (a TPU VM's own
+  chips, in this process) has nothing to wait for."""
+  if not master.startswith("grpc://"):
+    return
+  host, _, port = master[len("grpc://"):].rpartition(":")
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      attempt_s = max(0.01, min(PROBE_S, deadline - time.monotonic()))
+      socket.create_connection((host.strip("[]"), int(port)), attempt_s).close()
+      return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise TimeoutError(f"--tpu={address.name}: nothing answered at {master} within "
+                           f"{TIMEOUT_FLAG}={timeout_s:g} ({e.strerror or e}); check the "
+                           "address and that the TPU is up, or raise the timeout") from None
+      time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def connect(address: TpuAddress, timeout_s: float) -> TpuSlice:
+  """Connects (waiting at most timeout_s for the master to answer), initializes the
+  TPU system (at most max(timeout_s, INITIALIZE_TIMEOUT_S)), and assigns one replica to
+  every core."""
+  wait_for_master(address, address.name, timeout_s)  # an address: before TF's import
   import tensorflow as tf
 
   resolver = cluster_resolver(address)
   master = resolver.master()
+  if master != address.name:
+    wait_for_master(address, master, timeout_s)
   graph = tf.Graph()
   with graph.as_default():
     initialize = tf.compat.v1.tpu.initialize_system()
-  with tf.compat.v1.Session(master, graph=graph, config=session_config(tf, resolver)) as s:
-    tpu_topology = tf.tpu.experimental.Topology(serialized=s.run(initialize))
+  limit_s = max(timeout_s, INITIALIZE_TIMEOUT_S)
+  config = session_config(tf, resolver)
+  config.operation_timeout_in_ms = int(limit_s * 1000)
+  try:
+    with tf.compat.v1.Session(master, graph=graph, config=config) as s:
+      tpu_topology = tf.tpu.experimental.Topology(serialized=s.run(initialize))
+  except tf.errors.DeadlineExceededError:
+    raise TimeoutError(f"--tpu={address.name}: the TPU at {master or 'this host'} did not "
+                       f"initialize within {limit_s:g} s (the larger of {TIMEOUT_FLAG}="
+                       f"{timeout_s:g} and {INITIALIZE_TIMEOUT_S:g}); check that it is a "
+                       "TPU worker that is up, or raise the timeout") from None
   cores = tpu_topology.num_tasks * tpu_topology.num_tpus_per_task
   assignment = device_assignment(tf, tpu_topology, cores)
   devices = tuple(assignment.tpu_device(replica=r) for r in range(cores))
@@ -81,12 +126,16 @@ def connect(address: TpuAddress) -> TpuSlice:
                   {"resolver": resolver, "device_assignment": assignment})
 
 
-def strategy(address: TpuAddress):
-  """TF2's way onto a Cloud TPU (--system=tf2): connect, initialize the TPU system
-  eagerly and build a TPUStrategy over every core; (strategy, resolver)."""
+def strategy(address: TpuAddress, timeout_s: float):
+  """TF2's way onto a Cloud TPU (--system=tf2): connect (waiting at most timeout_s for
+  the master to answer), initialize the TPU system eagerly and build a TPUStrategy over
+  every core; (strategy, resolver)."""
+  wait_for_master(address, address.name, timeout_s)  # an address: before TF's import
   import tensorflow as tf
 
   resolver = cluster_resolver(address)
+  if resolver.master() != address.name:
+    wait_for_master(address, resolver.master(), timeout_s)
   tf.config.experimental_connect_to_cluster(resolver)
   tf.tpu.experimental.initialize_tpu_system(resolver)
   return tf.distribute.TPUStrategy(resolver), resolver

@@ -7,6 +7,11 @@ Every host is a local process on loopback (a tf.distribute.Server, a jax.distrib
 process, a Ray actor); see tf_tput/micro/__init__.py for the computation and modes.
 A system whose extra is not installed is recorded as skipped, a mode a system does
 not have as not applicable, a failed run as failed; the others still run.
+
+TF's servers listen on every interface, so each tf run goes inside a private network
+namespace with nothing but loopback, its client with it (tf_single.run_private; needs
+root and iproute2). Where none can be made, --systems with tf is refused in one line
+unless --expose_servers accepts servers reachable from other machines.
 """
 
 import sys
@@ -20,6 +25,7 @@ from tf_tput.micro import sizing
 from tf_tput.records import build, keys, provenance, results
 from tf_tput import errors
 from tf_tput.errors import UsageError
+from tf_tput.runtime import islands
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("systems", ["tf", "jax", "ray"], f"Systems: {', '.join(micro.SYSTEMS)}.")
@@ -30,7 +36,8 @@ flags.DEFINE_integer("chain_length", 128, "Computations per chained / fused call
 flags.DEFINE_integer("computations", 1024, "Computations per timed repeat (a multiple "
                      "of --chain_length).")
 flags.DEFINE_integer("repeats", 5, "Timed repeats (after one untimed warmup repeat).")
-flags.DEFINE_float("timeout_s", 600, "Limit for one system x mode x hosts run.")
+flags.DEFINE_float("timeout_s", 600, "Limit for one system x mode x hosts run, its "
+                   "hosts' start-up and every wait for them to connect included.")
 flags.DEFINE_string("results", "results/micro.jsonl", "JSON-lines file for the records.")
 flags.DEFINE_bool("crossover", False, "Fig. 6: also find, per host count, the smallest "
                   "computation at which each single-controller system reaches "
@@ -41,6 +48,11 @@ flags.DEFINE_float("crossover_fraction", 0.95, "Fraction of JAX's rate to reach.
 flags.DEFINE_float("crossover_repeat_s", 1.0, "Target seconds per timed repeat there.")
 flags.DEFINE_bool("bare_loop", True, "With jax opbyop on 1 host, also time a bare loop "
                   "of the same jitted call and print the harness / bare ratio.")
+flags.DEFINE_bool("expose_servers", False, "tf: run its servers and their client in this "
+                  "machine's own network, where the servers listen on every interface, "
+                  "reachable (unauthenticated) from any machine that reaches this one. "
+                  "Unset: inside a private network namespace with nothing but loopback "
+                  "(needs root and iproute2).")
 
 
 def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None,
@@ -77,14 +89,37 @@ def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None)
     logging.info("%s %s, %d host(s) x %d devices%s", spec.system, spec.mode, spec.hosts,
                  spec.devices_per_host, f", matmul {spec.matmul_n}" if spec.matmul_n else "")
     try:
-      record = _record(spec, "ok", seconds=module.run(spec), **sized)
+      record = _record(spec, "ok", seconds=_runner(module)(spec), **sized)
     except (KeyboardInterrupt, SystemExit):
       raise
     except Exception as e:  # noqa: BLE001: one failed run is recorded, others go on
       logging.exception("%s %s failed", spec.system, spec.mode)
-      record = _record(spec, "failed", errors.one_line(e), **sized)
+      record = _record(spec, "failed", errors.cause(e), **sized)
   results.append(FLAGS.results, record)
   return record
+
+
+def _runner(module):
+  """module.run, or where the system's servers listen on every interface (tf, whose
+  module has run_private) its run inside a private network namespace, unless
+  --expose_servers."""
+  private = getattr(module, "run_private", None)
+  return module.run if FLAGS.expose_servers or private is None else private
+
+
+def _check_private_network() -> None:
+  """UsageError naming --expose_servers where a system of --systems needs a private
+  network namespace and none can be made here: refused before anything runs."""
+  if FLAGS.expose_servers:
+    return
+  needing = [s for s in FLAGS.systems if hasattr(micro.system_module(s), "run_private")]
+  problem = islands.private_missing() if needing else None
+  if problem:
+    raise UsageError(f"--systems={','.join(needing)}: its servers listen on every "
+                     "interface, so they run inside a private network namespace with "
+                     f"only loopback, but {problem}; run as root with iproute2, or pass "
+                     "--expose_servers to run them in this machine's network, reachable "
+                     "(unauthenticated) from other machines")
 
 
 def _bare_loop_ratio(spec: micro.Spec, harness_rate: float) -> str:
@@ -160,6 +195,9 @@ def _validated_args():
                       *((f"--hosts={h}", h) for h in hosts)):
     if value < 1:
       raise UsageError(f"{name} is {value}; it must be >= 1")
+  if not 0 < FLAGS.timeout_s <= 1e6:  # NaN too
+    raise UsageError(f"--timeout_s={FLAGS.timeout_s}; it must be > 0 (seconds) and at "
+                     "most 1e6")
   if FLAGS.computations % FLAGS.chain_length:
     raise UsageError(f"--computations={FLAGS.computations} is not a multiple of "
                      f"--chain_length={FLAGS.chain_length}; e.g. --computations="
@@ -184,6 +222,7 @@ def main(argv) -> int:
     return 2
   try:
     hosts_list, durations = _validated_args()
+    _check_private_network()
     malformed = results.check_appendable(FLAGS.results)
     keys.code_version()  # taken now: code edited while the runs go must not lend its key
   except UsageError as e:

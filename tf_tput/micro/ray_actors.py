@@ -35,6 +35,7 @@ temporary one, removed at the end.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import shutil
@@ -131,7 +132,7 @@ def run(spec: micro.Spec) -> list:
   if spec.mode != "opbyop" and spec.computations % spec.chain_length:
     raise ValueError(f"computations={spec.computations} is not a multiple of "
                      f"chain_length={spec.chain_length}")
-  deadline = time.monotonic() + spec.timeout_s
+  deadline = _Deadline(time.monotonic() + spec.timeout_s, spec.timeout_s)
   import ray
 
   if ray.is_initialized():
@@ -143,9 +144,11 @@ def run(spec: micro.Spec) -> list:
   try:
     with _loopback_ray_env():
       # Ray's CPUs are logical: one per host actor, so 4 hosts fit on 2 cores.
-      ray.init(address="local", num_cpus=spec.hosts, include_dashboard=False,
-               _node_ip_address="127.0.0.1", object_store_memory=OBJECT_STORE_BYTES,
-               _temp_dir=temp_dir, log_to_driver=False, configure_logging=False)
+      context = ray.init(address="local", num_cpus=spec.hosts, include_dashboard=False,
+                         _node_ip_address="127.0.0.1",
+                         object_store_memory=OBJECT_STORE_BYTES, _temp_dir=temp_dir,
+                         log_to_driver=False, configure_logging=False)
+    deadline.where = f"the run's Ray cluster at {_address(context)}"
     processes += _descendants()
     hosts = _start_hosts(ray, spec, deadline)
     processes += _descendants()
@@ -171,9 +174,9 @@ def _start_hosts(ray, spec, deadline):
   hosts = [actor.remote(rank, spec.hosts, spec.devices_per_host, spec.matmul_n)
            for rank in range(spec.hosts)]
   port = _get(ray, hosts[0].listen.remote(), deadline, "starting the hosts")
-  timeout_s = max(1.0, deadline - time.monotonic())
+  timeout_s = max(1.0, deadline.left())
   _get(ray, [h.join.remote(port, timeout_s) for h in hosts], deadline,
-       "joining the process group")
+       f"joining the process group (its rendezvous at tcp://127.0.0.1:{port})")
   return hosts
 
 
@@ -211,14 +214,33 @@ class _Bench:
                     f"{self.done} computations")
 
 
-def _get(ray, refs, deadline, what):
-  left = deadline - time.monotonic()
+@dataclasses.dataclass
+class _Deadline:
+  at: float                 # time.monotonic() by which the run must be over
+  timeout_s: float          # spec.timeout_s: tf_tput.micro --timeout_s
+  where: str = "the run's Ray cluster"  # its address, once it has one
+
+  def left(self) -> float:
+    return self.at - time.monotonic()
+
+
+def _address(context) -> str:
+  """The local cluster's address as ray.init's context tells it."""
+  info = getattr(context, "address_info", None) or {}
+  return info.get("gcs_address") or info.get("address") or "127.0.0.1"
+
+
+def _get(ray, refs, deadline: _Deadline, what):
+  """ray.get within the run's deadline; TimeoutError naming what, where, and the flag."""
+  left = deadline.left()
+  late = (f"ray: {what} on {deadline.where} did not finish within --timeout_s="
+          f"{deadline.timeout_s:g} (the hosts' start-up counts); raise it")
   if left <= 0:
-    raise TimeoutError(f"ray: timed out before {what}")
+    raise TimeoutError(late)
   try:
     return ray.get(refs, timeout=left)
   except ray.exceptions.GetTimeoutError as e:
-    raise TimeoutError(f"ray: timed out in {what}") from e
+    raise TimeoutError(late) from e
 
 
 @contextlib.contextmanager

@@ -2,6 +2,9 @@
 schema, run_id, started_at, status, error first; env and git_commit last."""
 
 import datetime
+import json
+import logging
+import numbers
 import uuid
 
 from tf_tput.records import provenance, results
@@ -28,3 +31,62 @@ def record(schema: str, fields: dict, accelerators: list, distributions: dict, *
   ordered = {key: whole.pop(key) for key in results.fields_of(schema) if key in whole}
   ordered.update(whole)
   return ordered
+
+
+def plain(value):
+  """The record's values as JSON has them: numpy scalars as Python numbers, tuples as
+  lists, anything JSON cannot hold as its repr (which the schema then names)."""
+  def scalars(v):
+    if isinstance(v, dict):
+      return {k: scalars(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+      return [scalars(x) for x in v]
+    if isinstance(v, (bool, int, float, str)) or v is None:
+      return v
+    if isinstance(v, numbers.Integral):
+      return int(v)
+    if isinstance(v, numbers.Real):
+      return float(v)
+    return bool(v) if type(v).__name__ == "bool_" else v
+  return json.loads(json.dumps(scalars(value), default=repr))
+
+
+def conforming(record: dict, problem: str) -> dict:
+  """A failed record the schema takes, made from one it refused: each value of the
+  wrong type becomes None where its field allows None, else the nearest value of the
+  field's type; the error says what was refused. Everything else is kept."""
+  out = {}
+  for key, types in results.fields_of(results.SCHEMA).items():
+    types = types if isinstance(types, tuple) else (types,)
+    value = record.get(key)
+    if (key in record and isinstance(value, types)
+        and (bool in types or not isinstance(value, bool))):
+      out[key] = value
+    elif type(None) in types:
+      out[key] = None
+    else:
+      try:
+        out[key] = types[0]() if value is None else types[0](value)
+      except (TypeError, ValueError):
+        out[key] = types[0]()  # 0, '', {} or []: the error holds the value refused
+  out["step_time_s"] = {k: out["step_time_s"].get(k) for k in results.STEP_TIME_KEYS}
+  out["env"] = {**{k: None for k in results.ENV_KEYS}, **out["env"]}
+  error = f"record: the schema refused it ({problem})"[:1000]
+  out.update(status="failed",
+             error=f"{out['error']}; then {error}" if out["error"] else error)
+  return out
+
+
+def valid_record(record: dict) -> dict:
+  """The record in JSON's types; where the schema refuses it, a failed record that it
+  takes (conforming), the refused record in the log. ValueError when even that is
+  refused."""
+  record = plain(record)
+  try:
+    results.validate(record)
+    return record
+  except ValueError as e:
+    logging.error("the record does not match its schema (%s): %s", e, json.dumps(record))
+    fixed = conforming(record, str(e))
+  results.validate(fixed)
+  return fixed
