@@ -27,12 +27,16 @@ def no_leftover_processes(monkeypatch):
   assert not left, f"processes still running after the test: {left}"
 
 
-# Tests whose processes bind loopback ports (TF servers, JAX coordinators, Ray): under
-# scripts/test.sh's xdist workers they run in one worker, one after another, since a
-# port found free and bound a moment later could be taken by a test in another.
-LOOPBACK_PORT_FILES = {"test_jax_cli.py", "test_launch.py", "test_micro_cli.py",
-                       "test_suite_cli.py", "test_tf2_workers.py", "test_tf_cluster.py",
-                       "test_micro_ray.py", "test_micro_tf.py"}
+# Tests whose processes bind loopback ports that another process picked (TF servers on
+# the launcher's ports, a JAX coordinator, Ray's own): under scripts/test.sh's xdist
+# workers they run in one worker, one after another, since a port found free and bound
+# a moment later could be taken by a test in another. These files, and single tests
+# marked `loopback_ports` (test_jax_cli.py, test_micro_cli.py). A test that only binds
+# port 0 in its own process (busy_port), or whose launched children bind nothing
+# (test_launch.py), or whose runs are one process each (test_suite_cli.py, one-host
+# micro runs) cannot lose that race and runs anywhere.
+LOOPBACK_PORT_FILES = {"test_tf2_workers.py", "test_tf_cluster.py", "test_micro_ray.py",
+                       "test_micro_tf.py"}
 
 
 # The TF micro-benchmarks time gRPC calls to local tf.distribute servers; once, with
@@ -48,13 +52,17 @@ ALONE_FILES = {"test_micro_tf.py"}
 # Files whose module-scoped fixture trains models that every test in the file reads
 # (one subprocess run for all cases). Under xdist each worker that gets one of their
 # tests builds the fixture again (1-2 minutes each), so each file runs in one worker.
+# test_jax_model.py and test_tf2_model.py share their mtf training runs the same way,
+# through an lru_cache.
 SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
-                        "test_jax_islands.py"}
+                        "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py"}
 
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "alone: run without other tests beside it "
                           "(scripts/test.sh runs these after the parallel part)")
+  config.addinivalue_line("markers", "loopback_ports: binds loopback ports another "
+                          "process picked; one xdist worker runs all such tests")
 
 
 # tryfirst: xdist's own hook turns xdist_group marks into the node-id suffix its
@@ -62,7 +70,7 @@ def pytest_configure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
   for item in items:
-    if item.path.name in LOOPBACK_PORT_FILES:
+    if item.path.name in LOOPBACK_PORT_FILES or item.get_closest_marker("loopback_ports"):
       item.add_marker(pytest.mark.xdist_group("loopback_ports"))
     elif item.path.name in SHARED_FIXTURE_FILES:
       item.add_marker(pytest.mark.xdist_group(item.path.stem))

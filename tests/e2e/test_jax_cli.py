@@ -1,4 +1,4 @@
-"""--system=jax end to end: one process, several launched processes, and parity with mtf."""
+"""--system=jax end to end: launched processes on one mesh, and parity with mtf."""
 
 import json
 import math
@@ -24,53 +24,37 @@ def _record(path):
   return record
 
 
-def test_t5_tiny_trains_on_2x2_mesh(tmp_path):
+# One launch checks the three: a t5_tiny run on a 2x2 mesh (single-process jax runs
+# on 4 devices: tf_tput.parity below, tests/e2e/test_pipeline_cli.py), two launched
+# processes sharing that mesh, and sync_every. Each run compiles for 4 devices.
+@pytest.mark.loopback_ports  # the launcher's coordinator port (tests/conftest.py)
+def test_t5_tiny_trains_on_2x2_mesh_in_two_launched_processes_with_sync_every_2(tmp_path):
   out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
-                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=4", "--steps=10",
-                 "--warmup_steps=2", f"--results={out}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  record = _record(out)
-  expected = config.load_experiment(["gin/models/t5_tiny.gin", MESH_2X2])
-  assert record["system"] == "jax" and record["status"] == "ok"
-  assert record["num_devices"] == 4 and record["num_processes"] == 1
-  assert record["num_params"] == models.num_params(expected.model)
-  assert record["tokens_per_step"] == 8 * (128 + 128)
-  assert statistics.mean(record["losses"][-3:]) < statistics.mean(record["losses"][:3]) - 0.3
-  assert record["peak_source"].startswith("measured: jax 2048x2048 float32")
-  assert record["env"]["jax"]
-
-
-def test_sync_every_2_is_recorded(tmp_path):
-  out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=gin/models/decoder_tiny.gin",
+  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
+                 "tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
+                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=2",
                  "--gin_param=TrainConfig.sync_every=2", "--steps=4", "--warmup_steps=2",
                  f"--results={out}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = _record(out)
+  expected = config.load_experiment(["gin/models/t5_tiny.gin", MESH_2X2])
+  assert record["system"] == "jax" and record["status"] == "ok"
+  assert record["num_processes"] == 2 and record["num_devices"] == 4
+  assert record["strategy"] == "multi_process"
+  assert record["num_params"] == models.num_params(expected.model)
+  assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
+  assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
+  assert statistics.mean(record["losses"][-3:]) < statistics.mean(record["losses"][:3]) - 0.3
+  # Process 0 probed the peak between two barriers; its record holds the measured one.
+  assert record["peak_source"].startswith("measured: jax 2048x2048 float32")
+  assert record["peak_flops_per_device"] > 0 and record["mfu"] > 0
+  assert record["env"]["jax"]
   assert record["sync_every"] == 2 and record["synchronous_step"] is False
   assert len(record["losses"]) == 6  # every step's loss, fetched two at a time
   # Two windows, each step given half its window: four durations in two equal pairs,
   # so their mean is their median (four arbitrary durations would not be).
   st = record["step_time_s"]
   assert st["mean"] == pytest.approx(st["median"], rel=1e-9)
-
-
-def test_two_launched_processes_share_one_mesh(tmp_path):
-  out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
-                 "tf_tput.train", "--system=jax", "--gin_file=gin/models/decoder_tiny.gin",
-                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=2", "--steps=4",
-                 "--warmup_steps=1", f"--results={out}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  record = _record(out)
-  assert record["num_processes"] == 2 and record["num_devices"] == 4
-  assert record["strategy"] == "multi_process"
-  assert record["tokens_per_step"] == 8 * 128  # the whole global batch, not one part
-  assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
-  # Process 0 probed the peak between two barriers; its record holds the measured one.
-  assert record["peak_source"].startswith("measured: jax 2048x2048 float32")
-  assert record["peak_flops_per_device"] > 0 and record["mfu"] > 0
 
 
 # On one device the same parity is asserted in-process (tests/unit/test_jax_model.py);

@@ -16,11 +16,15 @@ import pytest
 import process_checks
 from tf_tput import micro
 from tf_tput.records import results
+from tf_tput.runtime import islands
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
 
+# Without root (or iproute2) no private network namespace can be made: tf's servers
+# then listen on every interface, as --expose_servers says (test_no_exposed_servers.py).
+EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
 FAST = ["--hosts=2", "--devices_per_host=2", "--chain_length=8", "--computations=16",
-        "--repeats=1", "--timeout_s=120"]
+        "--repeats=1", "--timeout_s=120", *EXPOSE]
 
 
 def _marked_env() -> dict:
@@ -69,6 +73,7 @@ def test_tf_runs_every_mode_at_two_hosts_checks_and_cleans_up(tmp_path):
   assert _left_running(env, since) == []
 
 
+@pytest.mark.loopback_ports  # jax's coordinator, Ray's ports (tests/conftest.py)
 def test_jax_and_ray_run_every_mode_check_and_clean_up(tmp_path):
   env, since = _marked_env(), time.time() - 1.0
   out = tmp_path / "micro.jsonl"
@@ -85,8 +90,9 @@ def test_jax_and_ray_run_every_mode_check_and_clean_up(tmp_path):
 def test_crossover_reports_a_duration_per_system_and_host_count(tmp_path):
   out = tmp_path / "micro.jsonl"
   proc = run_cli("tf_tput.micro", "--systems=tf,jax", "--modes=opbyop", "--hosts=1",
-                 "--crossover", "--crossover_ms=0.3,3", "--crossover_repeat_s=0.1",
-                 "--repeats=1", f"--results={out}", timeout=600)
+                 "--crossover", "--crossover_ms=0.3,3", "--crossover_repeat_s=0.02",
+                 "--repeats=1", "--bare_loop=false", f"--results={out}", *EXPOSE,
+                 timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = [line for line in proc.stdout.splitlines() if line.startswith("crossover")]
   assert len(lines) == 1 and lines[0].startswith("crossover tf vs jax, 1 host(s): ")
@@ -112,7 +118,7 @@ def test_ctrl_c_stops_every_host_and_keeps_the_records(tmp_path):
   out = tmp_path / "micro.jsonl"
   micro_run = Launched(["--systems=jax,tf", "--modes=opbyop", "--hosts=1,2",
                         "--computations=100000", "--chain_length=1", "--repeats=50",
-                        f"--results={out}"], module="tf_tput.micro", env=env)
+                        f"--results={out}", *EXPOSE], module="tf_tput.micro", env=env)
   micro_run.wait_for("jax opbyop, 1 host(s)")  # the first run has begun
   time.sleep(3)  # its host is up and computing
   micro_run.proc.send_signal(signal.SIGINT)

@@ -1,5 +1,7 @@
 """Pipelines end to end: the two systems' pipelines train the same function as each
-other and as the model unpipelined (tf_tput.parity), and a pipelined run's record."""
+other (tf_tput.parity), and a pipelined run's record. Each pipeline against its own
+system unpipelined, on this configuration: tests/integration/test_mtf_pipeline.py
+and tests/unit/test_jax_pipeline.py."""
 
 import json
 import re
@@ -17,16 +19,13 @@ PIPELINE_2 = ["--gin_file=gin/models/decoder_tiny.gin", "--mesh=batch:2",
               "--gin_param=DataConfig.targets_length = 32"]
 
 
-def test_both_pipelines_match_each_other_and_the_unpipelined_model():
-  proc = run_cli("tf_tput.parity", *PIPELINE_2, "--steps=10",
-                 "--systems=mtf:unpipelined,mtf,jax:unpipelined,jax", timeout=900)
+def test_both_pipelines_match_each_other():
+  proc = run_cli("tf_tput.parity", *PIPELINE_2, "--steps=10", "--systems=mtf,jax",
+                 timeout=900)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
   rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"\s*\d+\s", line)]
-  assert len(rows) == 10 and all(len(row) == 1 + 4 + 3 for row in rows)
-  rel = [[float(x) for x in row[5:]] for row in rows]  # each from mtf:unpipelined
-  assert max(rel[0]) < 1e-5 and max(max(r) for r in rel) < 1e-3
-  losses = [[float(x) for x in row[1:5]] for row in rows]
-  mtf_vs_jax = [abs(l[1] - l[3]) / l[1] for l in losses]  # the two pipelines
+  assert len(rows) == 10 and all(len(row) == 1 + 2 + 1 for row in rows)
+  mtf_vs_jax = [float(row[3]) for row in rows]  # the two pipelines, rel from mtf
   assert mtf_vs_jax[0] < 1e-5 and max(mtf_vs_jax) < 1e-3
   assert "2 stages x 4 micro-batches" in proc.stdout
 

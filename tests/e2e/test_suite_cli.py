@@ -15,8 +15,9 @@ HEAD = ("Suite.name = 'e2e'\n"
         "TrainMatrix.steps = 1\nTrainMatrix.warmup_steps = 1\n"
         "TrainMatrix.num_cpu_devices = 1\n"
         "ok/TrainMatrix.models = ['t5_tiny']\nok/TrainMatrix.systems = ['mtf']\n")
-# A tfds dataset that does not exist: train stops with a one-line error and no record
-# (a child that dies without writing one).
+# A tfds dataset that does not exist: the request passes train's check (reading the
+# dataset needs TensorFlow), so the run fails while building its batches and appends a
+# failed record (tf_tput.train: every request its check accepts ends in a record).
 BROKEN = ("broken/TrainMatrix.models = ['decoder_tiny']\n"
           "broken/TrainMatrix.systems = ['jax']\n"
           "broken/TrainMatrix.gin_params = [\"DataConfig.source = 'tfds'\", "
@@ -44,12 +45,13 @@ def test_failure_is_named_the_suite_goes_on_and_a_resume_reruns_nothing_that_suc
   proc = run_cli("tf_tput.suite", f"--suite={first}", f"--results={out}")
   assert proc.returncode == 1, proc.stderr[-3000:]
   assert "[1/2] decoder_tiny jax" in proc.stdout and "[2/2] t5_tiny mtf" in proc.stdout
-  assert "exit code 2, no record written" in proc.stdout
-  assert "no_such_dataset" in proc.stdout  # the log's tail says why
+  assert ("failed (exit code 1), recorded: batches: UsageError: tfds dataset "
+          "'no_such_dataset'") in proc.stdout
   assert "left for 1 run(s)" in proc.stdout  # progress with an estimate
   assert "2 run(s) finished, 1 of them failed" in proc.stdout
   assert len(error_lines(proc.stderr)) == 1
-  [ok] = _records(out)
+  failed, ok = _records(out)
+  assert failed["status"] == "failed" and failed["model"] == "decoder_tiny"
   assert ok["status"] == "ok" and ok["model"] == "t5_tiny" and ok["steps"] == 1
   first_line = out.read_text()
 
@@ -60,7 +62,8 @@ def test_failure_is_named_the_suite_goes_on_and_a_resume_reruns_nothing_that_suc
   assert "2 run(s), 1 already done" in proc.stdout and "t5_tiny mtf" not in proc.stdout
   assert out.read_text().startswith(first_line)
   assert [(r["model"], r["system"], r["status"]) for r in _records(out)] == [
-      ("t5_tiny", "mtf", "ok"), ("decoder_tiny", "jax", "ok")]
+      ("decoder_tiny", "jax", "failed"), ("t5_tiny", "mtf", "ok"),
+      ("decoder_tiny", "jax", "ok")]
 
   # Everything done: nothing runs, nothing is written.
   before = out.read_text()

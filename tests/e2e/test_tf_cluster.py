@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tf_tput.records import results
-from tf_tput.runtime import processes
+from tf_tput.runtime import islands, processes
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
 
@@ -26,7 +26,10 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 TRAIN = ["--", sys.executable, "-m", "tf_tput.train", "--system=mtf",
          "--strategy=multi_worker", "--gin_file=gin/models/decoder_tiny.gin",
          "--gin_param=TrainConfig.global_batch = 4", "--warmup_steps=1"]
-LAUNCH_2X2 = ["--num_workers=2", "--devices_per_worker=2", "--grace_s=2"]
+# Without root (or iproute2) no private network namespace can be made: the servers then
+# listen on every interface, as --expose_servers says (test_no_exposed_servers.py).
+EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
+LAUNCH_2X2 = ["--num_workers=2", "--devices_per_worker=2", "--grace_s=2", *EXPOSE]
 MESH_2X2 = "--gin_file=gin/mesh/data2_model2.gin"
 
 
@@ -70,6 +73,9 @@ def test_a_run_drives_every_workers_devices_and_ctrl_c_ends_every_child(tmp_path
   assert [w["count"] for w in workers] == [2, 2]
   assert all(w["address"].startswith("127.0.0.1:") for w in workers)
   assert record["tokens_per_sec"] > 0 and len(record["losses"]) == 3
+  # A decoder's record (tests/e2e/test_train_cli.py trains an encoder-decoder).
+  assert record["arch"] == "decoder" and record["inputs_length"] is None
+  assert record["tokens_per_step"] == 4 * 128
 
   # Ctrl-C to the launcher mid-run: every child ends, the record above stays intact.
   before = out.read_text()
@@ -88,8 +94,8 @@ def test_a_run_drives_every_workers_devices_and_ctrl_c_ends_every_child(tmp_path
 
 
 def test_workers_that_do_not_start_in_time_are_one_clear_line():
-  proc = run_cli("tf_tput.launch", "--num_workers=2", "--start_timeout_s=0.3", *TRAIN,
-                 timeout=60)
+  proc = run_cli("tf_tput.launch", "--num_workers=2", "--start_timeout_s=0.3", *EXPOSE,
+                 *TRAIN, timeout=60)
   _one_error_line(proc, "were not serving within --start_timeout_s=0.3")
 
 
@@ -113,13 +119,19 @@ def _tf_config(chief: str, workers: list, task=None) -> str:
                      "task": task or {"type": "chief", "index": 0}})
 
 
-def _train_with(tf_config: str, tmp_path, *args):
+def _train_with(tf_config: str, tmp_path, *args, appends: bool = False):
+  """train as the chief of tf_config; refused before it starts (nothing appended), or
+  when `appends`, a failed run that appends its record."""
   out = tmp_path / "runs.jsonl"
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), TF_CONFIG=tf_config)
   proc = subprocess.run([sys.executable, "-m", "tf_tput.train", *TRAIN[4:], *args,
                          f"--results={out}"], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=120)
-  assert not out.exists()
+  if appends:
+    [record] = results.read(str(out))[0]
+    assert record["status"] == "failed" and record["error"] in error_lines(proc.stderr)[0]
+  else:
+    assert not out.exists()
   return proc
 
 
@@ -131,7 +143,8 @@ def test_a_chief_port_in_use_is_one_clear_line(busy_port, tmp_path):
 def test_a_worker_that_never_answers_is_named_within_the_timeout(tmp_path):
   chief, worker = processes.free_loopback_ports(2)
   proc = _train_with(_tf_config(f"127.0.0.1:{chief}", [f"127.0.0.1:{worker}"]), tmp_path,
-                     "--cluster_timeout_s=1")
+                     "--cluster_timeout_s=1", appends=True)  # past the check: recorded
+  assert proc.returncode == 1
   _one_error_line(proc, f"worker 0 (127.0.0.1:{worker}, /job:worker/replica:0/task:0) "
                         "did not answer within --cluster_timeout_s=1")
 

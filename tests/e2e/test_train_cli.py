@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tf_tput import config, models
 from tf_tput.records import results
 
-from cli_helpers import REPO, run_cli
+from cli_helpers import REPO, error_lines, run_cli
 
 MESH_2X2 = "gin/mesh/data2_model2.gin"
 
@@ -50,22 +50,20 @@ def _check_trained(record, model: str, tokens_per_step: int):
   assert record["env"]["tensorflow"] and record["env"]["mesh_tensorflow"] == "0.1.21"
 
 
-def test_t5_tiny_trains_on_2x2_mesh_with_tensorboard(tmp_path):
+# One run for TensorBoard, the trace and another working directory (each run builds
+# and lowers an mtf graph). A decoder's record: tests/e2e/test_tf_cluster.py.
+def test_t5_tiny_trains_on_2x2_mesh_from_another_directory_with_tensorboard_and_traces(
+    tmp_path):
   tb_dir = tmp_path / "tb"
-  record, proc = _train(tmp_path, "t5_tiny", f"--tensorboard_dir={tb_dir}")
+  record, proc = _train(tmp_path, "t5_tiny", f"--tensorboard_dir={tb_dir}",
+                        f"--trace_dir={tmp_path / 'trace'}", cwd=tmp_path)
   _check_trained(record, "t5_tiny", tokens_per_step=8 * (128 + 128))
+  assert record["arch"] == "encoder_decoder" and record["inputs_length"] == 128
   assert "tokens/s" in proc.stdout and "record appended" in proc.stdout
   tags = {(event.step, value.tag)
           for path in tb_dir.iterdir() for event in EventFileLoader(str(path)).Load()
           for value in event.summary.value}
   assert (0, "loss") in tags and (11, "tokens_per_sec") in tags
-
-
-def test_decoder_tiny_trains_on_2x2_mesh_from_another_directory_and_traces(tmp_path):
-  record, proc = _train(tmp_path, "decoder_tiny", f"--trace_dir={tmp_path / 'trace'}",
-                        cwd=tmp_path)
-  _check_trained(record, "decoder_tiny", tokens_per_step=8 * 128)
-  assert record["arch"] == "decoder" and record["inputs_length"] is None
   # --trace_dir: one more step, not part of the run (12 losses are checked above).
   [trace] = (tmp_path / "trace").iterdir()
   assert trace.name == f"{record['run_id']}.trace.json"
@@ -77,14 +75,24 @@ def test_decoder_tiny_trains_on_2x2_mesh_from_another_directory_and_traces(tmp_p
   assert all(float(row.split()[2]) > 0 for row in rows)  # compute op-seconds per device
 
 
-def test_bfloat16_activations_on_one_device(tmp_path):
+# The same run appends after lines that are not records: they are kept, and reported
+# in one error line with exit code 1 (one run for both checks).
+def test_bfloat16_activations_on_one_device_after_malformed_results_lines(tmp_path):
   out = tmp_path / "runs.jsonl"
+  earlier = ['{"schema": "tf_tput.result/1", "note": "not a whole record"}',
+             "this line was damaged"]
+  out.write_text("\n".join(earlier) + "\n")
   proc = run_cli("tf_tput.train", "--gin_file=gin/models/t5_tiny.gin",
                  "--gin_param=ModelConfig.activation_dtype = 'bfloat16'",
                  "--steps=3", "--warmup_steps=1", f"--results={out}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  record = json.loads(out.read_text())
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = error_lines(proc.stderr)
+  assert len(errors) == 1 and "line(s) 1, 2 are not records" in errors[0], proc.stderr
+  lines = out.read_text().splitlines()
+  assert lines[:2] == earlier and len(lines) == 3
+  record = json.loads(lines[2])
   results.validate(record)
+  assert record["status"] == "ok"
   assert record["dtype"] == "bfloat16" and record["num_devices"] == 1
   assert "bfloat16 matmul" in record["peak_source"]
   assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])

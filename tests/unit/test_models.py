@@ -1,5 +1,6 @@
 """tf_tput/models.py: parameter counts, FLOPs, bytes per device, against hand arithmetic
-and against the variables mesh_tensorflow actually creates."""
+(against the variables mesh_tensorflow actually creates: tests/integration/
+test_mtf_tfds.py)."""
 
 import math
 
@@ -237,46 +238,5 @@ def test_adafactor_slot_dims():
   assert len(models.adafactor_slot_dims(edge)) == 2
 
 
-# --------------------------------------------------------------------------------------
-# models.variables against mesh_tensorflow's real variables (the slower tests: they
-# build and lower an mtf graph in-process, ~5-10 s each).
-
-def _check_matches_mtf(gin_files, gin_params):
-  import numpy as np
-  import tensorflow as tf
-
-  from tf_tput import data
-  from tf_tput.runtime import topology
-  from tf_tput.systems import mtf_trainer
-
-  params = ["TrainConfig.global_batch = 4", "DataConfig.inputs_length = 16",
-            "DataConfig.targets_length = 16", *gin_params]
-  experiment = config.load_experiment(gin_files, params)
-  model = experiment.model
-  # mtf accepts the empty device string repeated: no virtual devices are needed.
-  topo = topology.Topology("tf", "cpu", ("",) * 4, "cpu")
-  trainer = mtf_trainer.MtfTrainer(experiment, topo)
-  try:
-    assert trainer.num_params == models.num_params(model)
-    # Names and shapes of mtf's master variables (the per-device "_slice_" copies
-    # PlacementMeshImpl makes are excluded).
-    with trainer._graph.as_default():
-      real = {v.name[:-len(":0")]: tuple(v.shape.as_list())
-              for v in tf.compat.v1.trainable_variables() if "_slice_" not in v.name}
-    predicted = {v.name: tuple(s for _, s in v.dims) for v in models.variables(model)}
-    assert real == predicted
-    loss = trainer.step(next(data.batches(experiment)))
-    assert isinstance(loss, float)
-    assert np.isfinite(loss)
-  finally:
-    trainer.close()
-
-
-def test_t5_tiny_variables_matches_mtf():
-  _check_matches_mtf(["gin/models/t5_tiny.gin", "gin/mesh/data2_model2.gin"], [])
-
-
-def test_decoder_tiny_variables_matches_mtf():
-  # vocab 500 also pins the vocabulary padding (mtf pads to 512 as models does).
-  _check_matches_mtf(["gin/models/decoder_tiny.gin", "gin/mesh/data2_model2.gin"],
-                     ["ModelConfig.vocab_size = 500"])
+# models.variables against mesh_tensorflow's real variables: with the mtf trainers
+# tests/integration/test_mtf_tfds.py builds anyway (an mtf graph is 5-10 s to build).
