@@ -46,16 +46,27 @@ def _alive(since: float, mark: str) -> list:
   return found
 
 
-def namespaces_left(maker_pid=None) -> list:
+def namespaces_left(maker_pid=None, settle_s: float = 10.0) -> list:
   """tf_tput's network namespaces (named tt<maker pid>...) that a run left behind:
   those of `maker_pid`, or, without one, those whose maker has exited. Namespaces of
-  makers still running (another xdist worker's launch) are not this test's."""
+  makers still running (another xdist worker's launch) are not this test's. A maker
+  killed outright leaves its namespaces to its reaper, which removes them a moment
+  later: they count only if still there after settle_s."""
   import re
   from tf_tput.runtime import islands
-  left = []
-  for name in islands.list_namespaces():
-    made_by = re.match(r"tt(\d+)", name)
-    if made_by and (int(made_by.group(1)) == maker_pid if maker_pid is not None
-                    else not psutil.pid_exists(int(made_by.group(1)))):
-      left.append(name)
-  return left
+
+  def left():
+    out = []
+    for name in islands.list_namespaces():
+      made_by = re.match(r"tt(\d+)", name)
+      if made_by and (int(made_by.group(1)) == maker_pid if maker_pid is not None
+                      else not psutil.pid_exists(int(made_by.group(1)))):
+        out.append(name)
+    return out
+
+  deadline = time.monotonic() + settle_s
+  while True:
+    found = left()
+    if not found or time.monotonic() >= deadline:
+      return found
+    time.sleep(0.2)

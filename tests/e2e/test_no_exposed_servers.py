@@ -212,7 +212,7 @@ def test_a_private_micro_run_that_fails_raises_its_error_here():
   from tf_tput.micro import tf_single
   spec = micro.Spec("tf", "opbyop", hosts=1, devices_per_host=1, computations=8,
                     repeats=1, timeout_s=0.5)
-  with pytest.raises(TimeoutError, match="passed .*timeout_s"):  # its type kept
+  with pytest.raises(TimeoutError, match="timeout_s"):  # its type kept
     tf_single.run_private(spec)
   assert _namespaces_of(os.getpid()) == []
 

@@ -23,9 +23,12 @@ from cli_helpers import REPO, Launched, error_lines, run_cli
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
+# One layer: the cluster's plumbing is under test, and the chief builds the graph of
+# every launch here (a second layer adds ~2 s to each).
 TRAIN = ["--", sys.executable, "-m", "tf_tput.train", "--system=mtf",
          "--strategy=multi_worker", "--gin_file=gin/models/decoder_tiny.gin",
-         "--gin_param=TrainConfig.global_batch = 4", "--warmup_steps=1"]
+         "--gin_param=TrainConfig.global_batch = 4",
+         "--gin_param=ModelConfig.num_layers = 1", "--warmup_steps=1"]
 # Without root (or iproute2) no private network namespace can be made: the servers then
 # listen on every interface, as --expose_servers says (test_no_exposed_servers.py).
 EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]

@@ -84,6 +84,7 @@ def test_bfloat16_activations_on_one_device_after_malformed_results_lines(tmp_pa
   out.write_text("\n".join(earlier) + "\n")
   proc = run_cli("tf_tput.train", "--gin_file=gin/models/t5_tiny.gin",
                  "--gin_param=ModelConfig.activation_dtype = 'bfloat16'",
+                 "--gin_param=ModelConfig.num_layers = 1",
                  "--steps=3", "--warmup_steps=1", f"--results={out}")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   errors = error_lines(proc.stderr)

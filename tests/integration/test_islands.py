@@ -111,7 +111,7 @@ def test_a_maker_that_is_killed_leaves_nothing(sig):
       stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
   try:
     assert maker.stdout.readline().strip() == "up"
-    assert len(namespaces_left(maker.pid)) == 4  # 3 islands + the bridge
+    assert len(namespaces_left(maker.pid, settle_s=0)) == 4  # 3 islands + the bridge
     maker.send_signal(sig)
     maker.wait(timeout=30)
     deadline = time.monotonic() + 20
