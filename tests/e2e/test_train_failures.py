@@ -191,18 +191,23 @@ def test_a_tpu_address_where_nothing_listens_fails_within_the_timeout(tmp_path):
   assert time.monotonic() - start < 30  # probed before TensorFlow is imported: ~2 s
 
 
+def _process_0_of_2(env: dict, args: list, out) -> subprocess.CompletedProcess:
+  """train as process 0 of 2 launched processes whose peer never comes, on t5_tiny
+  over a batch:2 mesh, with --cluster_timeout_s=1."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), **env,
+             **{processes.NUM_PROCESSES_ENV: "2", processes.PROCESS_ID_ENV: "0"})
+  return subprocess.run(
+      [sys.executable, "-m", "tf_tput.train", *args, "--gin_file=t5_tiny",
+       "--gin_file=data2", "--cluster_timeout_s=1", f"--results={out}"], cwd=REPO,
+      env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.loopback_ports  # the coordinator's port (tests/conftest.py)
 def test_a_jax_coordinator_the_others_never_join_fails_within_the_timeout(tmp_path):
   [port] = processes.free_loopback_ports(1)
   out = tmp_path / "runs.jsonl"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
-             **{processes.NUM_PROCESSES_ENV: "2", processes.PROCESS_ID_ENV: "0",
-                processes.COORDINATOR_ENV: f"127.0.0.1:{port}"})
-  proc = subprocess.run(
-      [sys.executable, "-m", "tf_tput.train", "--system=jax", "--gin_file=t5_tiny",
-       "--gin_file=data2", "--num_cpu_devices=1", "--cluster_timeout_s=1",
-       f"--results={out}"], cwd=REPO, env=env, capture_output=True, text=True,
-      timeout=300)
+  proc = _process_0_of_2({processes.COORDINATOR_ENV: f"127.0.0.1:{port}"},
+                         ["--system=jax", "--num_cpu_devices=1"], out)
   _times_out(proc, out, f"devices: TimeoutError: process 0: the JAX coordinator at "
                         f"127.0.0.1:{port} did not gather all 2 processes within "
                         "--cluster_timeout_s=1")
@@ -214,14 +219,8 @@ def test_a_tf2_worker_that_never_joins_worker_0_fails_within_the_timeout(tmp_pat
   out = tmp_path / "runs.jsonl"
   tf_config = {"cluster": {"worker": [f"127.0.0.1:{first}", f"127.0.0.1:{second}"]},
                "task": {"type": "worker", "index": 0}}
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
-             TF_CONFIG=json.dumps(tf_config),
-             **{processes.NUM_PROCESSES_ENV: "2", processes.PROCESS_ID_ENV: "0"})
-  proc = subprocess.run(
-      [sys.executable, "-m", "tf_tput.train", "--system=tf2", "--strategy=multi_worker",
-       "--gin_file=t5_tiny", "--gin_file=data2", "--cluster_timeout_s=1",
-       f"--results={out}"], cwd=REPO, env=env, capture_output=True, text=True,
-      timeout=300)
+  proc = _process_0_of_2({"TF_CONFIG": json.dumps(tf_config)},
+                         ["--system=tf2", "--strategy=multi_worker"], out)
   _times_out(proc, out, f"devices: UsageError: worker 1 (127.0.0.1:{second}, "
                         "/job:worker/replica:0/task:1) did not answer within "
                         "--cluster_timeout_s=1")

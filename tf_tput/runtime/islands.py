@@ -24,6 +24,7 @@ no islands: servers that listen on every interface (some cannot be told otherwis
 run inside it with everything that talks to them, out of reach of other machines.
 """
 
+import abc
 import dataclasses
 import ipaddress
 import json
@@ -130,23 +131,27 @@ class Island:
     return ["ip", "netns", "exec", self.namespace]
 
 
-class _Namespaces:
+class _Namespaces(abc.ABC):
   """Network namespaces made on entering and removed on leaving, also when the maker
-  is killed outright (the reaper). A subclass names them and makes their contents."""
+  is killed outright (the reaper). A subclass (PrivateNetwork, IslandNetwork) names
+  them, says what this machine lacks to make them, and makes their contents."""
 
   def __init__(self, tag: str = ""):
     self._tag = tag or f"tt{os.getpid()}"
     self._reaper = None
 
   @property
+  @abc.abstractmethod
   def namespaces(self) -> list:
-    raise NotImplementedError
+    """The names of every namespace this makes."""
 
+  @abc.abstractmethod
   def _missing(self) -> Optional[str]:
-    raise NotImplementedError
+    """What this machine lacks to make them (root, iproute2), or None."""
 
+  @abc.abstractmethod
   def _create(self) -> None:
-    raise NotImplementedError
+    """Makes the namespaces and their links."""
 
   def __enter__(self):
     problem = self._missing()
