@@ -1,11 +1,23 @@
 """Shared by every test directory (pytest puts this directory on sys.path)."""
 
+import atexit
+import os
+import shutil
 import signal
+import tempfile
 import time
 
 import pytest
 
 import process_checks
+
+
+# Every train run a test starts (its subprocesses inherit this environment) keeps its
+# compilation cache (--compilation_cache_dir's default, under XDG_CACHE_HOME) in a
+# directory of this test session, never the user's ~/.cache; removed at exit.
+_CACHE_HOME = tempfile.mkdtemp(prefix="tf_tput-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+atexit.register(shutil.rmtree, _CACHE_HOME, True)
 
 
 # Tests of Ctrl-C send SIGINT to the entry points (and to pytest itself) and expect

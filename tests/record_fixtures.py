@@ -25,6 +25,8 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "link_bytes_per_step_analytic": None, "steps": steps,
       "warmup_steps": 2,
       "sync_every": 1, "synchronous_step": True,
+      "build_s": 3.0, "compile_s": None, "first_step_s": 1.5 if ok else None,
+      "warmup_s": 2.0 if ok else None, "compilation_cache": None,
       "step_time_s": ({"median": median, "mean": median, "p10": p10, "p90": p90,
                        "min": p10 * 0.9, "max": p90 * 1.1} if ok else
                       {k: None for k in results.STEP_TIME_KEYS}),

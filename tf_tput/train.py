@@ -24,6 +24,14 @@ from tf_tput.records import build, keys, results
 from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
+
+
+def _cache_systems() -> list:
+  """The systems whose runtime keeps a persistent compilation cache."""
+  return [name for name in systems.REGISTRY
+          if hasattr(systems.load(name).runtime, "compilation_cache")]
+
+
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable; later files win), "
                           "e.g. gin/models/t5_small.gin and gin/mesh/data2_model2.gin.")
@@ -67,13 +75,21 @@ flags.DEFINE_string("trace_dir", None, "After the measured steps, run one more s
                     "print where each device's time went (systems that trace: "
                     f"{', '.join(systems.able('traces'))}).")
 flags.DEFINE_integer("log_every", 10, "Log progress every this many measured steps.")
+flags.DEFINE_string("compilation_cache_dir", None, "Keep compiled programs here, where "
+                    "the system's runtime has a persistent compilation cache (systems "
+                    f"that have one: {', '.join(_cache_systems())}), so a "
+                    "later run of the same program loads them instead of compiling. "
+                    "Unset: $XDG_CACHE_HOME/tf_tput/compilation (~/.cache/tf_tput/"
+                    "compilation without XDG_CACHE_HOME). Empty or 'none': off. Records "
+                    "say whether the run hit it (compilation_cache).")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
                  "global_batch": "TrainConfig.global_batch"}
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
-             "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project")
+             "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
+             "compilation_cache_dir")
 
 
 def _bindings() -> list:
@@ -84,7 +100,7 @@ def _bindings() -> list:
 
 
 def _experiment() -> config.Experiment:
-  return config.load_experiment(FLAGS.gin_file, _bindings())
+  return config.load_experiment(FLAGS.gin_file, _bindings(), systems.options(FLAGS.system))
 
 
 @dataclasses.dataclass
@@ -101,6 +117,7 @@ class Outcome:
   # How far the run got (devices, peak probe, batches, build, train, trace, record): a
   # failure is recorded under it.
   stage: str = "devices"
+  compilation_cache: Optional[str] = None  # the record's: hit, miss, off, None
 
 
 def _run_key() -> str:
@@ -131,6 +148,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       **_island_fields(experiment, outcome, topology.num_devices),
       "steps": t.steps, "warmup_steps": t.warmup_steps,
       "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,
+      "compilation_cache": outcome.compilation_cache,
       **summary,
       "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,
       "losses": losses, "final_loss": losses[-1] if losses else None,
@@ -159,9 +177,25 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
       f"{record['mesh_shape']}, {record['num_devices']} device(s), {record['dtype']}, "
       f"batch {record['global_batch']}, {record['steps']} measured steps",
       f"{tokens} | {spread} | {mfu_text}",
+      _startup_line(record),
       f"status {record['status']}, final loss {record['final_loss']} | record appended "
       f"to {path}:{line}",
   ]
+
+
+def _startup_line(record: dict) -> str:
+  """What came before the measured steps, as far as the run got."""
+  def seconds(field):
+    return None if record[field] is None else f"{record[field]:.1f}s"
+  first = seconds("first_step_s")
+  if first and record["compile_s"] is not None:
+    first += f" (compile {seconds('compile_s')})"
+  parts = [f"{label} {value}" for label, value in (
+      ("build", seconds("build_s")), ("first step", first),
+      ("warmup", seconds("warmup_s"))) if value]
+  cache = record["compilation_cache"]
+  return (f"startup: {', '.join(parts) or 'n/a'}"
+          + (f" | compilation cache {cache}" if cache else ""))
 
 
 def _check_writable_dir(path: str, flag: str) -> None:
@@ -264,9 +298,37 @@ def _check_host_memory(experiment) -> None:
         f"{host / 2 ** 30:,.1f} GiB; pass a smaller --global_batch")
 
 
+# The compilation cache's place under the user's cache directory (XDG base directories:
+# $XDG_CACHE_HOME, else ~/.cache); the runtime keeps its own subdirectory there.
+CACHE_SUBDIR = os.path.join("tf_tput", "compilation")
+CACHE_OFF = ("", "none")  # --compilation_cache_dir values that turn it off
+
+
+def _compilation_cache_dir() -> Optional[str]:
+  """The compilation cache's directory (None: off), created: a --compilation_cache_dir
+  that is not writable is a usage error; the default one, a warning and no cache."""
+  named = FLAGS.compilation_cache_dir
+  if named is not None and named.strip().lower() in CACHE_OFF:
+    return None
+  if named is not None:
+    _check_writable_dir(named, "--compilation_cache_dir")
+    return named
+  base = os.environ.get("XDG_CACHE_HOME", "")
+  if not os.path.isabs(base):  # unset, or relative (which the spec says to ignore)
+    base = os.path.join(os.path.expanduser("~"), ".cache")
+  path = os.path.join(base, CACHE_SUBDIR)
+  try:
+    _check_writable_dir(path, "--compilation_cache_dir")
+  except UsageError as e:
+    logging.warning("running without a compilation cache: %s", e)
+    return None
+  return path
+
+
 def _checked_request():
   """Everything the flags and gin files ask for, checked before any framework starts:
-  (experiment, TPU address or None, lines of --results that are not records)."""
+  (experiment, TPU address or None, lines of --results that are not records, the
+  compilation cache's directory or None)."""
   systems.check_name(FLAGS.system)
   experiment = _experiment()
   systems.check_experiment(FLAGS.system, experiment)
@@ -299,7 +361,8 @@ def _checked_request():
   for number, problem in malformed:
     logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
                     problem)
-  return experiment, tpu_address, malformed
+  cache_dir = (_compilation_cache_dir() if FLAGS.system in _cache_systems() else None)
+  return experiment, tpu_address, malformed, cache_dir
 
 
 def _check_processes(system) -> None:
@@ -334,11 +397,12 @@ def _resolve_devices(system, experiment, tpu_address):
 
 
 def _train(system, experiment, topology, writes_record: bool, run_id: str,
-           outcome: Outcome) -> Outcome:
+           outcome: Outcome, startup_origin: float) -> Outcome:
   """Builds the batches and the trainer and runs the shared measured loop, filling
   `outcome` as it goes (its stage says how far it got); a build failure or a failed
   step is recorded in the measurement, not raised; anything else is raised, and run()
-  records it under the stage."""
+  records it under the stage. build_s runs from startup_origin (loop.CLOCK) to the
+  built trainer."""
   outcome.stage = "batches"
   batches = data.batches(experiment)  # built (synthetic) or prefetching (tfds) now
   writer = None
@@ -356,6 +420,8 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
       logging.exception("building %s failed", system.name)
       outcome.measurement.error = f"build: {errors.cause(e)}"
       return outcome
+    build_s = loop.CLOCK() - startup_origin
+    outcome.measurement.build_s = build_s  # kept should the loop itself raise
     outcome.stage = "train"
     links = os.environ.get(islands.LINKS_ENV)
     if links and writes_record:  # the links' counters, read around the measured steps
@@ -367,7 +433,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
       outcome.measurement = loop.run(
           trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
           on_step=writer.write if writer else None, sync_every=t.sync_every,
-          timer=outcome.link_timer)
+          timer=outcome.link_timer, build_s=build_s)
       outcome.device_memory_bytes = trainer.device_memory_bytes()
       if FLAGS.trace_dir and not outcome.measurement.error:
         outcome.stage = "trace"
@@ -417,8 +483,21 @@ def _failed(outcome: Outcome, error: str) -> None:
   m.error = f"{m.error}; then {error}" if m.error else error
 
 
+def _cache_state(system, cache_dir: Optional[str]) -> Optional[str]:
+  """The record's compilation_cache: whether every compilation of the run so far came
+  from the runtime's cache (docs/records.md)."""
+  if not hasattr(system.runtime, "compilation_cache"):
+    return None
+  if cache_dir is None:
+    return "off"
+  return {True: "hit", False: "miss", None: None}[system.runtime.compilation_cache_hit()]
+
+
 def run() -> int:
-  experiment, tpu_address, malformed = _checked_request()
+  # Startup's origin (docs/measurement.md, "Startup"): everything from here to the
+  # built trainer but the peak probe is build_s.
+  run_started = loop.CLOCK()
+  experiment, tpu_address, malformed, cache_dir = _checked_request()
   run_key = _run_key()
   system = systems.load(FLAGS.system)
   writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
@@ -446,6 +525,8 @@ def run() -> int:
   # From here on every failure ends in a record (process 0's), status failed.
   outcome = new_outcome()
   try:
+    if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
+      system.runtime.compilation_cache(cache_dir)
     topology = _resolve_devices(system, experiment, tpu_address)
     logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
                  experiment.model.name, system.name, topology.num_devices,
@@ -453,10 +534,13 @@ def run() -> int:
     # Only the writer measures the peak, the others waiting: they share this host's
     # cores.
     outcome.stage = "peak probe"
+    probe_started = loop.CLOCK()
     peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
                                              experiment.model.activation_dtype,
                                              probes=writes_record)
-    _train(system, experiment, topology, writes_record, run_id, outcome)
+    probe_s = loop.CLOCK() - probe_started  # the harness's matmul: not startup
+    _train(system, experiment, topology, writes_record, run_id, outcome,
+           startup_origin=run_started + probe_s)
     if writes_record and not outcome.measurement.error:  # a failed run's goes as it is
       outcome.stage = "peak probe after the run"
       peak, peak_source = peak_lib.reprobed(system.runtime, topology,
@@ -467,6 +551,7 @@ def run() -> int:
     logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
                   exc_info=not isinstance(e, (UsageError, TimeoutError)))
     _failed(outcome, f"{outcome.stage}: {errors.cause(e)}")
+  outcome.compilation_cache = _cache_state(system, cache_dir)
   if not writes_record:
     return 1 if outcome.measurement.error else 0
   try:

@@ -34,7 +34,7 @@ def test_t5_tiny_trains_on_2x2_mesh_in_two_launched_processes_with_sync_every_2(
                  "tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
                  f"--gin_file={MESH_2X2}", "--num_cpu_devices=2",
                  "--gin_param=TrainConfig.sync_every=2", "--steps=4", "--warmup_steps=2",
-                 f"--results={out}")
+                 f"--results={out}", f"--compilation_cache_dir={tmp_path / 'cache'}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = _record(out)
   expected = config.load_experiment(["gin/models/t5_tiny.gin", MESH_2X2])
@@ -55,6 +55,9 @@ def test_t5_tiny_trains_on_2x2_mesh_in_two_launched_processes_with_sync_every_2(
   # so their mean is their median (four arbitrary durations would not be).
   st = record["step_time_s"]
   assert st["mean"] == pytest.approx(st["median"], rel=1e-9)
+  # Both processes compiled into one new cache directory at once.
+  assert record["compilation_cache"] == "miss"
+  assert 0 < record["compile_s"] <= record["first_step_s"] <= record["warmup_s"]
 
 
 # On one device the same parity is asserted in-process (tests/unit/test_jax_model.py);
@@ -70,3 +73,21 @@ def test_parity_with_mtf_float32(model, mesh):
   assert len(rows) == 10
   rel = [float(row[3]) for row in rows]
   assert rel[0] < 1e-5 and max(rel) < 1e-3
+
+
+def test_a_second_run_of_the_same_program_loads_it_from_the_compilation_cache(tmp_path):
+  """Two runs of one config share a cache directory: the first compiles (miss), the
+  second loads every executable (hit). A changed program misses: in-process in
+  tests/unit/test_jax_compilation_cache.py."""
+  out, cache = tmp_path / "runs.jsonl", tmp_path / "cache"
+  for _ in range(2):
+    proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=decoder_tiny",
+                   "--steps=1", "--warmup_steps=1", f"--results={out}",
+                   f"--compilation_cache_dir={cache}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  cold, warm = (json.loads(line) for line in out.read_text().splitlines())
+  assert (cold["compilation_cache"], warm["compilation_cache"]) == ("miss", "hit")
+  for record in (cold, warm):
+    assert record["build_s"] > 0
+    assert 0 < record["compile_s"] <= record["first_step_s"] <= record["warmup_s"]
+  assert "compilation cache hit" in proc.stdout

@@ -61,8 +61,9 @@ def test_report_directory_has_markdown_csv_and_valid_pngs(tmp_path):
   # Table 1: a row per configuration and system, the published figures on each.
   config = "| t5_base | 0.3M | float32 | 4 | batch:2;model:2 | local | 8 |"
   assert f"{config} mtf | 1 | 100 [" in report and f"{config} jax | 1 | 330 [" in report
-  assert "| 20.000 | 25.0% | 1.00x | 618,000 / 618,000 (32) |" in report
-  assert "| 3.30x | 618,000 / 618,000 (32) |" in report
+  # ... startup (build + warmup, medians) beside the ratio to the baseline
+  assert "| 20.000 | 25.0% | 1.00x | 3.0 + 2.0 | 618,000 / 618,000 (32) |" in report
+  assert "| 3.30x | 3.0 + 2.0 | 618,000 / 618,000 (32) |" in report
   assert "step 3: boom" in report and "not applicable" in report
   with open(out / "results.csv", newline="") as f:
     rows = list(csv.DictReader(f))
@@ -99,9 +100,13 @@ def test_compare_gives_a_noise_aware_verdict(tmp_path):
                train_record("t5_small", tokens_per_sec=2150.0, step_s=(0.85, 0.95, 1.05))])
   proc = run_cli("tf_tput.report", f"--compare={old}", f"--against={new}")
   assert proc.returncode == 0, proc.stderr
-  lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:3]}
+  # Per configuration a tokens/s line, then its startup line (judged apart).
+  lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]
+           if "tokens/s" in line}
   assert "2.00x" in lines["t5_tiny"] and "faster (beyond the spread)" in lines["t5_tiny"]
   assert "1.05x" in lines["t5_small"] and "within noise" in lines["t5_small"]
+  startup = [line for line in proc.stdout.splitlines() if "  startup s  " in line]
+  assert len(startup) == 2 and all("startup within noise" in line for line in startup)
 
 
 def test_bad_report_input_is_one_error_line(tmp_path):

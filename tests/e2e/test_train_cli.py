@@ -47,6 +47,11 @@ def _check_trained(record, model: str, tokens_per_step: int):
   # Tokens/s is the measured tokens over the measured wall time, not 1 / median step.
   assert abs(record["tokens_per_sec"] - tokens_per_step / st["mean"]) < 1e-6 * record["tokens_per_sec"]
   assert "ModelConfig.d_model" in record["config"]
+  # Startup, apart from the steps: the first step is inside the warmup; mtf compiles
+  # inside its first step and keeps no persistent compilation cache.
+  assert record["build_s"] > 0 and record["first_step_s"] > 0
+  assert record["warmup_s"] >= record["first_step_s"]
+  assert record["compile_s"] is None and record["compilation_cache"] is None
   assert record["env"]["tensorflow"] and record["env"]["mesh_tensorflow"] == "0.1.21"
 
 
@@ -60,6 +65,7 @@ def test_t5_tiny_trains_on_2x2_mesh_from_another_directory_with_tensorboard_and_
   _check_trained(record, "t5_tiny", tokens_per_step=8 * (128 + 128))
   assert record["arch"] == "encoder_decoder" and record["inputs_length"] == 128
   assert "tokens/s" in proc.stdout and "record appended" in proc.stdout
+  assert "startup: build " in proc.stdout
   tags = {(event.step, value.tag)
           for path in tb_dir.iterdir() for event in EventFileLoader(str(path)).Load()
           for value in event.summary.value}

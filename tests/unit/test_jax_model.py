@@ -1,8 +1,10 @@
 """tf_tput/systems/jax_model.py against mesh_tensorflow itself: the mtf trainer's
-weights and batches through the JAX model give mtf's loss, step 0 and over 10 steps."""
+weights and batches through the JAX model give mtf's loss, step 0 and over 10 steps;
+and ModelConfig.scan_layers gives the unscanned model's loss, gradients and steps."""
 
 import functools
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -287,3 +289,63 @@ def test_one_hot_embedding_is_mtfs_matmul_and_gather_the_same_values(name):
 
 def _config_default_embedding() -> str:
   return config.ModelConfig.__dataclass_fields__["embedding"].default
+
+
+# Both models and both dtypes, in two compilations each (XLA:CPU compiles are the cost);
+# the trainer test below runs decoder_tiny in float32.
+SCAN_CASES = [("t5_tiny", "float32"), ("decoder_tiny", "bfloat16")]
+SCAN_RTOL = {"float32": 1e-5, "bfloat16": 2e-2}   # a few roundings of bfloat16's 2^-8
+SHORT = ("DataConfig.inputs_length = 32", "DataConfig.targets_length = 32",
+         "TrainConfig.global_batch = 4")
+
+
+def _scan_pair(name: str, params=()) -> tuple:
+  """The same experiment unscanned and with ModelConfig.scan_layers = True."""
+  return (_experiment(name, [*SHORT, *params]),
+          _experiment(name, [*SHORT, *params, "ModelConfig.scan_layers = True"]))
+
+
+def _scans(fn, *args) -> int:
+  """How many lax.scan the function's jaxpr runs (its text prints nested jaxprs too)."""
+  return len(re.findall(r"\bscan\[", str(jax.make_jaxpr(fn)(*args))))
+
+
+@pytest.mark.parametrize("name, dtype", SCAN_CASES)
+def test_scanned_layers_give_the_unscanned_loss_and_gradients(name, dtype):
+  plain, scanned = _scan_pair(name, [f"ModelConfig.activation_dtype = '{dtype}'"])
+  assert not plain.model.scan_layers and scanned.model.scan_layers
+  batch = next(data.batches(plain))
+  params = jax_model.init_params(plain.model, seed=0)
+  grad = jax.jit(jax.value_and_grad(jax_model.loss_fn), static_argnames="m")
+  (loss, grads), (scan_loss, scan_grads) = (grad(params, batch, m=e.model)
+                                            for e in (plain, scanned))
+  stacks = 2 if name.startswith("t5") else 1   # one scan per stack, none unscanned
+  assert [_scans(functools.partial(jax_model.loss_fn, m=e.model), params, batch)
+          for e in (plain, scanned)] == [0, stacks]
+  rtol = SCAN_RTOL[dtype]
+  assert _rel(float(scan_loss), float(loss)) <= rtol
+  assert set(scan_grads) == set(grads) == {v.name for v in models.variables(plain.model)}
+  for k in grads:   # every per-layer weight, and the shared bias, gets its own gradient
+    scale = float(jnp.max(jnp.abs(grads[k])))
+    assert scale > 0, k
+    np.testing.assert_allclose(scan_grads[k], grads[k], rtol=rtol, atol=rtol * scale,
+                               err_msg=k)
+
+
+def test_scanned_layers_train_as_unscanned_in_the_jax_trainer():
+  """JaxTrainer (sharded, jitted, donated) from the same weights on the same batches."""
+  from tf_tput.systems.jax_trainer import JaxTrainer
+  topology = Topology("jax", "cpu", (str(jax.devices()[0]),), "cpu")
+  plain, scanned = _scan_pair("decoder_tiny")
+  batches = list(itertools.islice(data.batches(plain), 3))
+  trainers = [JaxTrainer(e, topology) for e in (plain, scanned)]
+  trainers[1].load_variables(trainers[0].export_variables())
+  losses = [[trainer.step(b) for b in batches] for trainer in trainers]
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+  assert losses[0][-1] < losses[0][0]   # it trained
+  after = [trainer.export_variables() for trainer in trainers]
+  assert set(after[1]) == {v.name for v in models.variables(scanned.model)}
+  for k in after[0]:
+    np.testing.assert_allclose(after[1][k], after[0][k], rtol=1e-5, atol=1e-7, err_msg=k)
+  for trainer in trainers:
+    trainer.close()

@@ -41,11 +41,12 @@ def make_batches():
 
 
 TIMES = [10.0, 12.0, 12.5, 13.5, 13.75, 15.75]   # completion of steps 0..5
+STARTED = [9.0]   # the loop's start mark (startup), read before step 0's dispatch
 
 
 def test_run_records_losses_tokens_and_durations():
   trainer = FakeTrainer()
-  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  timer = loop.StepTimer(clock=scripted_clock(STARTED + TIMES))
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
   assert m.error is None
   assert m.warmup_steps == 2
@@ -64,7 +65,7 @@ def test_run_records_losses_tokens_and_durations():
 
 def test_run_trainer_raises_at_step_3():
   trainer = FakeTrainer(fail_at=3)
-  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  timer = loop.StepTimer(clock=scripted_clock(STARTED + TIMES))
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer)
   assert m.error is not None
   assert "step 3" in m.error
@@ -80,7 +81,7 @@ def test_run_batches_exhausted_is_an_error():
   trainer = FakeTrainer()
   batches = iter([{"targets": np.ones((1, 2), np.int32)}] * 2)
   m = loop.run(trainer, batches, steps=3, warmup_steps=1,
-                    timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+                    timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
   assert m.error is not None and "step 2" in m.error
   assert m.steps_completed == 2
 
@@ -89,7 +90,7 @@ def test_run_batches_exhausted_is_an_error():
 def test_run_non_finite_loss_is_an_error(bad):
   trainer = FakeTrainer(losses=[3.0, 2.0, bad, 1.0, 0.5])
   m = loop.run(trainer, make_batches(), steps=3, warmup_steps=2,
-                    timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+                    timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
   assert m.error is not None
   assert "step 2" in m.error
   assert m.steps_completed == 3            # the bad step is recorded, then the loop ends
@@ -100,7 +101,7 @@ def test_run_non_finite_loss_is_an_error(bad):
 def test_run_on_step_receives_scalars():
   seen = []
   trainer = FakeTrainer()
-  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  timer = loop.StepTimer(clock=scripted_clock(STARTED + TIMES))
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, timer=timer,
                     on_step=lambda step, scalars: seen.append((step, scalars)))
   assert m.error is None
@@ -156,7 +157,7 @@ def test_synthetic_batches_are_built_before_the_first_step():
   source = CountingSource(trainer)
   batches = data.ring(source, 6)
   m = loop.run(trainer, batches, steps=4, warmup_steps=2,
-               timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
   assert m.error is None
   assert source.generated_at == [0] * 6   # all six made before step 0, none later
   assert m.tokens == [3, 4, 5, 6]          # and still distinct batches per step
@@ -167,7 +168,7 @@ def test_a_ring_cycles_when_the_run_is_longer():
   trainer = FakeTrainer()
   source = CountingSource(trainer)
   m = loop.run(trainer, data.ring(source, 2), steps=4, warmup_steps=2,
-               timer=loop.StepTimer(clock=scripted_clock(TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
   assert len(source.generated_at) == 2
   assert m.tokens == [1, 2, 1, 2]
 
@@ -175,7 +176,7 @@ def test_a_ring_cycles_when_the_run_is_longer():
 def test_on_step_work_does_not_change_measured_durations():
   """TensorBoard writes happen after the loop: a writer that reads the clock (as a
   slow write would advance it) leaves every step's duration as it was."""
-  ticks = iter(TIMES + [100.0 + i for i in range(10)])
+  ticks = iter(STARTED + TIMES + [100.0 + i for i in range(10)])
   clock = lambda: next(ticks)
   seen = []
   def slow_writer(step, scalars):
@@ -210,12 +211,14 @@ class DispatchingTrainer(FakeTrainer):
 
 
 WINDOW_TIMES = [10.0, 12.0, 13.0, 16.0]   # completion of windows (2 steps each)
+# The start mark, then step 0's loss on the host (its window's other step in flight).
+WINDOW_STARTED = [8.0, 9.5]
 
 
 def test_sync_every_2_fetches_once_per_window_and_times_windows():
   trainer = DispatchingTrainer()
   m = loop.run(trainer, make_batches(), steps=6, warmup_steps=2, sync_every=2,
-               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_STARTED + WINDOW_TIMES)))
   assert m.error is None and m.synchronous_step is False
   # Two losses fetched after each pair of dispatches: never more than 2 in flight.
   assert trainer.fetches == [2, 2, 4, 4, 6, 6, 8, 8]
@@ -230,7 +233,7 @@ def test_sync_every_2_fetches_once_per_window_and_times_windows():
 def test_sync_every_2_with_a_synchronous_trainer_keeps_every_loss():
   trainer = FakeTrainer()
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
-               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_STARTED + WINDOW_TIMES)))
   assert m.synchronous_step is True
   assert m.losses == pytest.approx([10.0 / (i + 1) for i in range(6)])
   assert m.completion_times == WINDOW_TIMES[:3]
@@ -240,7 +243,7 @@ def test_sync_every_2_with_a_synchronous_trainer_keeps_every_loss():
 def test_sync_every_2_failure_mid_window_keeps_completed_losses():
   trainer = FakeTrainer(fail_at=3)
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
-               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_STARTED + WINDOW_TIMES)))
   assert m.error is not None and "step 3" in m.error
   assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # step 2 completed
   assert m.completion_times == WINDOW_TIMES[:1]            # its window did not
@@ -250,7 +253,7 @@ def test_sync_every_2_failure_mid_window_keeps_completed_losses():
 def test_sync_every_2_dispatch_failure_keeps_the_dispatched_steps_losses():
   trainer = DispatchingTrainer(fail_at=3)   # dispatch() of step 3 raises
   m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, sync_every=2,
-               timer=loop.StepTimer(clock=scripted_clock(WINDOW_TIMES)))
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_STARTED + WINDOW_TIMES)))
   assert m.error is not None and "step 3" in m.error
   assert m.losses == pytest.approx([10.0, 5.0, 10.0 / 3])   # step 2 was dispatched: fetched
   assert trainer.fetches == [2, 2, 4]
@@ -260,7 +263,7 @@ def test_sync_every_2_dispatch_failure_keeps_the_dispatched_steps_losses():
 def test_the_warmup_line_is_logged_before_the_clock_starts(monkeypatch):
   """The clock starts at the last warmup completion: a log line after it would be
   charged to the first measured step."""
-  timer = loop.StepTimer(clock=scripted_clock(TIMES))
+  timer = loop.StepTimer(clock=scripted_clock(STARTED + TIMES))
   marks_at_log = []
   def info(msg, *args):
     marks_at_log.append((msg.split()[0], len(timer.times)))
@@ -286,3 +289,68 @@ def test_bad_sync_every_is_a_usage_error(binding, message):
     config.load_experiment(["gin/models/t5_tiny.gin"],
                            ["TrainConfig.steps = 5", binding])
   assert str(e.value) == message
+
+
+def test_startup_figures_on_the_loops_clock():
+  """first_step_s: the start mark to step 0's completion; warmup_s: to the last warmup
+  window's; build_s as train gave it; no compile() -> compile_s None."""
+  m = loop.run(FakeTrainer(), make_batches(), steps=4, warmup_steps=2, build_s=3.25,
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
+  assert m.build_s == 3.25 and m.compile_s is None
+  assert m.first_step_s == TIMES[0] - STARTED[0]
+  assert m.warmup_s == TIMES[1] - STARTED[0]
+  assert m.measured_seconds == TIMES[-1] - TIMES[1]   # startup is not in the steps
+
+
+def test_startup_with_sync_every_2_times_step_0_alone():
+  m = loop.run(DispatchingTrainer(), make_batches(), steps=6, warmup_steps=2,
+               sync_every=2,
+               timer=loop.StepTimer(clock=scripted_clock(WINDOW_STARTED + WINDOW_TIMES)))
+  assert m.first_step_s == WINDOW_STARTED[1] - WINDOW_STARTED[0]
+  assert m.warmup_s == WINDOW_TIMES[0] - WINDOW_STARTED[0]
+
+
+class CompilingTrainer(FakeTrainer):
+  """compile(batch) records the batch it compiled for; optionally raises."""
+
+  def __init__(self, compile_error=None, **kwargs):
+    super().__init__(**kwargs)
+    self.compiled_for = []
+    self.compile_error = compile_error
+
+  def compile(self, batch):
+    if self.compile_error:
+      raise self.compile_error
+    self.compiled_for.append(batch)
+
+
+def test_compile_runs_once_before_step_0_on_its_batch_and_is_timed():
+  trainer = CompilingTrainer()
+  # start 9.0, compiled at 9.75, then the steps' completions
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2,
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + [9.75] + TIMES)))
+  assert m.error is None
+  assert len(trainer.compiled_for) == 1
+  assert trainer.compiled_for[0] is trainer.batches[0]   # step 0 runs the compiled batch
+  assert len(trainer.batches) == 6 and m.tokens == [3, 4, 5, 6]   # no batch lost
+  assert m.compile_s == 0.75
+  assert m.first_step_s == TIMES[0] - STARTED[0]   # the compile is inside the first step
+  assert m.warmup_s == TIMES[1] - STARTED[0]
+
+
+def test_a_failed_compile_is_step_0s_failure_and_keeps_build_s():
+  trainer = CompilingTrainer(compile_error=MemoryError("out of memory"))
+  m = loop.run(trainer, make_batches(), steps=4, warmup_steps=2, build_s=2.0,
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
+  assert m.error.startswith("step 0: compile:") and "out of memory" in m.error
+  assert m.build_s == 2.0 and m.compile_s is None and m.first_step_s is None
+  assert trainer.batches == [] and m.losses == []
+
+
+def test_a_failed_first_step_keeps_build_s_and_a_later_failure_first_step_s():
+  m = loop.run(FakeTrainer(fail_at=0), make_batches(), steps=4, warmup_steps=2,
+               build_s=2.0, timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
+  assert m.build_s == 2.0 and m.first_step_s is None and m.warmup_s is None
+  m = loop.run(FakeTrainer(fail_at=1), make_batches(), steps=4, warmup_steps=2,
+               timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
+  assert m.first_step_s == TIMES[0] - STARTED[0] and m.warmup_s is None

@@ -88,6 +88,17 @@ def test_summarize_nothing_measured(tiny_experiment):
               "padded_tokens_per_step", "model_tflops_per_sec", "mfu"):
     assert s[key] is None, key
   assert s["step_time_s"] == {k: None for k in STAT_KEYS}
+  assert s["first_step_s"] is None and s["warmup_s"] is None
+
+
+def test_summarize_reports_startup_apart_from_the_steps(tiny_experiment):
+  """Startup is copied from the loop's measurement and changes no rate."""
+  times = dict(build_s=4.0, compile_s=2.5, first_step_s=3.0, warmup_s=3.5)
+  m = Measurement(losses=[1.0, 1.0, 1.0], completion_times=[0.0, 1.0, 3.0],
+                  tokens=[10, 10], padded_tokens=[16, 16], warmup_steps=1, **times)
+  s = metrics.summarize(m, tiny_experiment, num_devices=1, peak_flops_per_device=None)
+  assert {k: s[k] for k in metrics.STARTUP_FIELDS} == times
+  assert s["tokens_per_sec"] == pytest.approx(20 / 3.0)   # as without them
 
 
 def test_tf_gpu_peak_bytes_sums_the_gpus_and_is_none_without():

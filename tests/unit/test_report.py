@@ -63,7 +63,8 @@ def test_table1_one_row_per_configuration_and_system():
   header, rows = tables.table1(_fixture_records())
   assert header == ["model", "params", "dtype", "devices", "mesh", "strategy", "batch",
                     "system", "runs", "tokens/s [spread]", "step median (s)", "MFU",
-                    "vs mtf", "published JAX / Pathways tokens/s (TPUv3 cores)",
+                    "vs mtf", "startup (s): build + warmup",
+                    "published JAX / Pathways tokens/s (TPUv3 cores)",
                     "implied MFU (derived)"]
   by_row = {(row[0], row[7]): dict(zip(header, row)) for row in rows}
   # The baseline first in each configuration; a system that did not run it has no row.
@@ -74,6 +75,7 @@ def test_table1_one_row_per_configuration_and_system():
   assert base_mtf["runs"] == "2" and base_mtf["step median (s)"] == "18.500"
   assert base_mtf["vs mtf"] == "1.00x" and base_mtf["MFU"] == "25.0%"
   assert base_jax["vs mtf"] == f"{330 / 110:.2f}x" and base_jax["runs"] == "1"
+  assert base_mtf["startup (s): build + warmup"] == "3.0 + 2.0"  # medians of the runs
   published_cells = (base_mtf["published JAX / Pathways tokens/s (TPUv3 cores)"],
                      base_mtf["implied MFU (derived)"])
   assert published_cells == (
@@ -84,6 +86,7 @@ def test_table1_one_row_per_configuration_and_system():
   assert (small["tokens/s [spread]"], small["runs"], small["vs mtf"]) == (
       "failed", "0 (1 failed)", "–")
   assert small["published JAX / Pathways tokens/s (TPUv3 cores)"] == "–"
+  assert small["startup (s): build + warmup"] == "–"
   assert small["implied MFU (derived)"] == "–"
   assert by_row[("decoder_tiny", "jax")]["vs mtf"] == "–"  # no mtf run to divide by
 
@@ -179,7 +182,7 @@ def test_compare_verdicts(old_step, new_step, new_tps, expect):
   old = [train_record(tokens_per_sec=2048.0, step_s=old_step)]
   new = [train_record(tokens_per_sec=new_tps, step_s=new_step)]
   header, rows, notes = compare.compare(old, new)
-  assert len(rows) == 1 and notes == []
+  assert [row[1] for row in rows] == ["tokens/s", "startup s"] and notes == []
   row = dict(zip(header, rows[0]))
   assert row["verdict"] == expect
   assert row["new/old"] == f"{new_tps / 2048:.2f}x"
@@ -189,7 +192,7 @@ def test_compare_with_too_few_steps_is_undetermined_and_unmatched_are_named():
   old = [train_record(steps=10), train_record("t5_small", run_id="x")]
   new = [train_record(steps=1, tokens_per_sec=100.0), micro_record()]
   _, rows, notes = compare.compare(old, new)
-  assert len(rows) == 1 and rows[0][-1].startswith("undetermined")
+  assert rows[0][-1].startswith("undetermined")
   assert any("only in --compare" in n and "t5_small" in n for n in notes)
   assert any("only in --against" in n and "micro tf opbyop" in n for n in notes)
 
@@ -354,3 +357,45 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   assert row["jax of 1 island"] == "1.000"  # 800 against its own one-island 800
   three_b = dict(piped[0], model="decoder_3b")
   assert tables._published_fraction(three_b) == "1 (S=16, M=64, 4 x 32)"
+
+
+def _started(build_s, warmup_s, run_id, cache=None, **overrides):
+  """A run whose startup is build_s + warmup_s; steps steady (throughput within noise)."""
+  return train_record(build_s=build_s, warmup_s=warmup_s, first_step_s=warmup_s / 2,
+                      compilation_cache=cache, run_id=run_id, **overrides)
+
+
+@pytest.mark.parametrize("old, new, expect", [
+    ([(3.0, 7.0)], [(3.0, 13.0)], compare.STARTUP_SLOWER),   # 10 s -> 16 s: past 1.5x
+    ([(3.0, 7.0)], [(3.0, 10.0)], compare.STARTUP_NOISE),    # 10 s -> 13 s: within
+    ([(3.0, 12.0)], [(2.0, 3.0)], compare.STARTUP_FASTER),
+    # several runs: their range, widened; 10-14 s against 16 s is within noise
+    ([(3.0, 7.0), (3.0, 11.0)], [(4.0, 12.0)], compare.STARTUP_NOISE),
+])
+def test_compare_judges_startup_in_its_own_row(old, new, expect):
+  old_runs = [_started(b, w, f"o{i}") for i, (b, w) in enumerate(old)]
+  new_runs = [_started(b, w, f"n{i}") for i, (b, w) in enumerate(new)]
+  header, rows, _ = compare.compare(old_runs, new_runs)
+  assert [row[1] for row in rows] == ["tokens/s", "startup s"]
+  throughput, startup = (dict(zip(header, row)) for row in rows)
+  assert throughput["verdict"] == compare.NOISE   # the steps did not change
+  assert startup["verdict"] == expect
+  assert startup["configuration"] == throughput["configuration"]
+
+
+def test_compare_names_a_changed_cache_outcome_and_skips_records_without_startup():
+  header, rows, _ = compare.compare([_started(3.0, 7.0, "o", cache="hit")],
+                                    [_started(3.0, 30.0, "n", cache="miss")])
+  assert rows[1][-1] == (f"{compare.STARTUP_SLOWER} (compilation cache: old hit, "
+                         "new miss)")
+  older = {k: v for k, v in _started(3.0, 7.0, "o").items()
+           if k not in ("build_s", "warmup_s")}   # a record from before the fields
+  _, rows, _ = compare.compare([older], [_started(3.0, 7.0, "n")])
+  assert [row[1] for row in rows] == ["tokens/s"]
+
+
+def test_console_table_shows_startup_beside_tokens_per_second():
+  lines = tables.format_table([_started(3.04, 7.25, "a", cache="hit"),
+                               train_record(status="failed", run_id="b")]).splitlines()
+  assert "startup (s)" in lines[0]
+  assert "3.0 + 7.2 hit" in lines[2] and "+" not in lines[3].split("failed")[0]

@@ -22,6 +22,8 @@ def valid_record(**overrides) -> dict:
       "devices_per_island": 4, "dcn_rate": None, "link_bytes_per_step": None,
       "link_bytes_per_step_analytic": None, "steps": 4,
       "warmup_steps": 2, "sync_every": 1, "synchronous_step": True,
+      "build_s": 3.0, "compile_s": 1.0, "first_step_s": 1.5, "warmup_s": 2.0,
+      "compilation_cache": "miss",
       "step_time_s": {k: 0.5 for k in results.STEP_TIME_KEYS},
       "tokens_per_step": 256, "padded_tokens_per_step": 256, "tokens_per_sec": 512.0,
       "padded_tokens_per_sec": 512.0, "model_flops_per_token": 1.5e6,

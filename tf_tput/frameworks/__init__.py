@@ -28,6 +28,12 @@ launch and the peak probe ask that object, never the framework by name:
           # runtime.islands.PrivateNetwork (loopback only) or IslandNetwork, None for
           # this machine's own network (--expose_servers)
 
+Optional, for a runtime with a persistent compilation cache (jax_runtime): train calls
+compilation_cache(directory) before resolve (directory None: off), and records
+compilation_cache_hit() -> True (every compilation since came from the cache), False
+(one at least was compiled) or None (none asked it); without them a record's
+compilation_cache is null.
+
 Each module imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.
 """

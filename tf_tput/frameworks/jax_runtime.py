@@ -6,10 +6,15 @@ its cores); otherwise JAX's own (GPUs, a TPU host's chips, else the CPU). A proc
 started by `tf_tput.launch --num_processes` joins the others through
 jax.distributed (the launcher's coordinator, gloo CPU collectives; strategy
 "multi_process"); its num_cpu_devices are then per process.
+
+Compilation cache: JAX's persistent cache, under a directory train names (on by
+default), in a subdirectory per JAX version and host CPU model (below).
 """
 
+import hashlib
 import math
 import os
+import re
 import threading
 from typing import Optional
 
@@ -57,10 +62,80 @@ def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
     raise outcome["error"]
 
 
+# JAX's monitoring events: every compilation that asks the persistent cache, and
+# those it answers (jax/_src/compiler.py, compile_or_get_cached). A miss is a request
+# without a hit (JAX's cache_misses event counts only entries written).
+CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# The cache's bound, where filelock is installed: JAX then evicts the least recently
+# used entries beyond it and locks each read and write, so the processes of a launch
+# (or two runs) never read an entry another is still writing.
+CACHE_MAX_BYTES = 8 * 2 ** 30
+
+
+def cache_subdirectory(jax_version: str, cpu_model: str, cpu_flags: set) -> str:
+  """Where under the cache directory this JAX keeps its entries. JAX's key covers the
+  computation, compile options, XLA flags, jaxlib and the platform's name and version,
+  but an XLA:CPU platform's version is just "cpu": an executable compiled for one
+  host CPU's instructions must not be loaded on another's (a cache in a shared home
+  directory; a VM's CPU model may not tell its instruction sets apart), hence one
+  subdirectory per CPU model and instruction-set flags; per JAX version so old
+  entries can be deleted as a whole."""
+  flags = hashlib.sha256(" ".join(sorted(cpu_flags)).encode()).hexdigest()[:8]
+  return re.sub(r"[^A-Za-z0-9.]+", "-",
+                f"jax-{jax_version}-{cpu_model}-{flags}").strip("-")
+
+
 class JaxRuntime:
   name = "jax"
   finds_local_tpus = True  # on a TPU VM, jax.devices() are its chips
   serves_workers = False   # processes come from tf_tput.launch --num_processes
+
+  def __init__(self):
+    self._cache_events = None  # event -> count since compilation_cache(); None: never
+    self._lock = threading.Lock()
+
+  def compilation_cache(self, directory: Optional[str]) -> None:
+    """Keeps compiled executables under `directory` (None: no persistent cache), every
+    one however quick to compile, and counts this process's requests and hits from
+    here on (compilation_cache_hit). Before any compilation (resolve, the peak probe)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+    jax_cache.reset_cache()  # a process that compiled before keeps no other directory
+    if directory is None:
+      jax.config.update("jax_enable_compilation_cache", False)
+      jax.config.update("jax_compilation_cache_dir", None)
+    else:
+      path = os.path.join(directory, cache_subdirectory(
+          jax.__version__, provenance.cpu_model(), provenance.cpu_flags()))
+      os.makedirs(path, exist_ok=True)
+      jax.config.update("jax_enable_compilation_cache", True)
+      jax.config.update("jax_compilation_cache_dir", path)
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+      jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # every size
+      try:
+        import filelock  # noqa: F401: JAX locks and evicts with it
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+      except ImportError:
+        pass  # unbounded and unlocked, as JAX keeps it by default
+    with self._lock:
+      first = self._cache_events is None
+      self._cache_events = {CACHE_REQUEST_EVENT: 0, CACHE_HIT_EVENT: 0}
+    if first:
+      jax.monitoring.register_event_listener(self._count_cache_event)
+
+  def _count_cache_event(self, event: str, **kwargs) -> None:
+    with self._lock:
+      if event in self._cache_events:
+        self._cache_events[event] += 1
+
+  def compilation_cache_hit(self) -> Optional[bool]:
+    """True when every compilation since compilation_cache() came from the cache,
+    False when one at least was compiled, None when none asked it (off, never set,
+    or a backend JAX cannot serialize executables of)."""
+    if not self._cache_events or not self._cache_events[CACHE_REQUEST_EVENT]:
+      return None
+    return self._cache_events[CACHE_HIT_EVENT] == self._cache_events[CACHE_REQUEST_EVENT]
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     """Nothing in the environment to check: the launcher's variables are its own."""

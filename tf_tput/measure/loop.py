@@ -8,9 +8,14 @@ completion of the last warmup window to that of the last measured one
 "The clock and sync_every"): taking a prebuilt or prefetched batch (data.batches),
 counting its tokens and one log line every log_every steps; TensorBoard scalars are
 buffered and handed to on_step after the loop.
+
+Startup is timed on the same clock (docs/measurement.md, "Startup"): the trainer's
+ahead-of-time compile where it has one (compile_s), the first step (first_step_s,
+compile included) and the whole warmup (warmup_s); train measures build_s on it too.
 """
 
 import dataclasses
+import itertools
 import math
 import time
 from typing import Callable, Iterator, Optional
@@ -31,6 +36,12 @@ class Measurement:
   sync_every: int = 1        # steps per timed window
   synchronous_step: Optional[bool] = None  # the trainer has no dispatch(); None: unbuilt
   error: Optional[str] = None
+  # Startup, in seconds on CLOCK; None where the run did not get that far (or, for
+  # compile_s, where the trainer has no compile()).
+  build_s: Optional[float] = None        # the run's start to a built trainer (train)
+  compile_s: Optional[float] = None      # trainer.compile(first batch)
+  first_step_s: Optional[float] = None   # compile_s + the first step, its loss on the host
+  warmup_s: Optional[float] = None       # compile_s + every warmup window
 
   @property
   def steps_completed(self) -> int:
@@ -53,12 +64,20 @@ class Measurement:
     return times[-1] - times[0] if len(times) > 1 else 0.0
 
 
-class StepTimer:
-  """Records the completion time of each window on a monotonic clock."""
+# The one clock of a run: steps, startup and train's build time.
+CLOCK = time.perf_counter
 
-  def __init__(self, clock: Callable[[], float] = time.perf_counter):
+
+class StepTimer:
+  """Records the completion time of each window on a monotonic clock; now() reads the
+  same clock without recording (the startup marks)."""
+
+  def __init__(self, clock: Callable[[], float] = CLOCK):
     self._clock = clock
     self.times = []
+
+  def now(self) -> float:
+    return self._clock()
 
   def mark(self) -> float:
     self.times.append(self._clock())
@@ -71,7 +90,7 @@ class ProbedTimer(StepTimer):
   and neither is charged to them."""
 
   def __init__(self, probe: Callable[[], float], warmup_steps: int, steps: int,
-               sync_every: int = 1, clock: Callable[[], float] = time.perf_counter):
+               sync_every: int = 1, clock: Callable[[], float] = CLOCK):
     super().__init__(clock)
     self._probe = probe
     self._start_mark = warmup_steps // sync_every - 1
@@ -97,7 +116,8 @@ class ProbedTimer(StepTimer):
 
 def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
         log_every: int = 10, on_step: Optional[Callable[[int, dict], None]] = None,
-        timer: Optional[StepTimer] = None, sync_every: int = 1) -> Measurement:
+        timer: Optional[StepTimer] = None, sync_every: int = 1,
+        build_s: Optional[float] = None) -> Measurement:
   """Runs warmup_steps + steps optimizer steps; returns what was measured.
 
   warmup_steps and steps are multiples of sync_every (config.validate checks it).
@@ -108,15 +128,22 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
   so a failed run can still be written down. A non-finite loss is recorded the same
   way: a diverged run's speed is not a result. `on_step(step, scalars)` receives the
   per-step scalars (e.g. for TensorBoard) after the loop, outside the clock.
+  A trainer with `compile(batch)` compiles its step for the first batch before the
+  first dispatch, timed as compile_s (and inside first_step_s and warmup_s); a
+  failure there is step 0's. build_s (train's) is kept in the measurement as given.
   """
   timer = timer or StepTimer()
   dispatch = getattr(trainer, "dispatch", None)
   m = Measurement(warmup_steps=warmup_steps, completion_times=timer.times,
-                  sync_every=sync_every, synchronous_step=dispatch is None)
+                  sync_every=sync_every, synchronous_step=dispatch is None,
+                  build_s=build_s)
   scalars = []  # (step, scalars), written after the loop
   try:
-    _windows(trainer, dispatch, batches, warmup_steps + steps, m, timer, log_every,
-             scalars)
+    started = timer.now()
+    batches = _compiled(trainer, batches, m, timer, started)
+    if batches is not None:
+      _windows(trainer, dispatch, batches, warmup_steps + steps, m, timer, log_every,
+               scalars, started)
   finally:
     if on_step:
       for step, values in scalars:
@@ -126,7 +153,25 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
   return m
 
 
-def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) -> None:
+def _compiled(trainer, batches, m, timer, started):
+  """Runs the trainer's compile(first batch), if it has one, timing it; the batches
+  from the first on, or None when the compile failed (m.error says why)."""
+  compile_ = getattr(trainer, "compile", None)
+  if compile_ is None:
+    return batches
+  try:
+    first = next(batches)
+    compile_(first)
+  except Exception as e:  # noqa: BLE001: a failed compile is a failed first step
+    logging.error("compiling step 0 failed", exc_info=True)
+    m.error = f"step 0: compile: {errors.cause(e)}"
+    return None
+  m.compile_s = timer.now() - started
+  return itertools.chain([first], batches)
+
+
+def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
+             started) -> None:
   k, warmup_steps = m.sync_every, m.warmup_steps
   for first in range(0, total, k):
     pending, counts = [], []
@@ -138,6 +183,8 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) ->
         counts.append(data.count_tokens(batch) if step >= warmup_steps else None)
       for step, loss in enumerate(pending, start=first):
         m.losses.append(float(loss))  # waits for the step when it is pending
+        if step == 0 and k > 1:  # (k == 1: the window's mark below is the step's end)
+          m.first_step_s = timer.now() - started
     except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
       logging.error("step %d failed", step, exc_info=True)  # the whole of it, in the log
       m.error = f"step {step}: {errors.cause(e)}"
@@ -147,6 +194,10 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars) ->
       logging.info("warmup done (%d steps, loss %.4f); measuring %d steps",
                    warmup_steps, m.losses[-1], total - warmup_steps)
     timer.mark()
+    if first == 0 and k == 1:
+      m.first_step_s = timer.times[0] - started
+    if first + k == warmup_steps:
+      m.warmup_s = timer.times[-1] - started
     losses = m.losses[first:]
     bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
     window = timer.times[-1] - timer.times[-2] if len(timer.times) > 1 else None

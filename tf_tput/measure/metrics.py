@@ -3,7 +3,8 @@
 Conventions (docs/measurement.md): warmup steps are excluded;
 tokens/s = tokens of measured steps / (completion of the last measured step -
 completion of the last warmup step); MFU counts every position the model computes
-(padding included) against the peak FLOP/s of all devices.
+(padding included) against the peak FLOP/s of all devices. Startup (build, compile,
+first step, warmup) is reported beside them, never inside them.
 """
 
 import resource
@@ -28,6 +29,15 @@ def tokens_per_sec(tokens: float, seconds: float) -> Optional[float]:
   return tokens / seconds if seconds else None
 
 
+STARTUP_FIELDS = ("build_s", "compile_s", "first_step_s", "warmup_s")
+
+
+def startup(measurement) -> dict:
+  """Seconds before the measured steps (docs/measurement.md, "Startup"); None where
+  the run did not get there."""
+  return {name: getattr(measurement, name) for name in STARTUP_FIELDS}
+
+
 def peak_host_memory_bytes() -> int:
   rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB
@@ -35,7 +45,7 @@ def peak_host_memory_bytes() -> int:
 
 def summarize(measurement, experiment, num_devices: int,
               peak_flops_per_device: Optional[float]) -> dict:
-  """The throughput fields of a result record from one measured run."""
+  """The startup and throughput fields of a result record from one measured run."""
   d = experiment.data
   tokens, padded = sum(measurement.tokens), sum(measurement.padded_tokens)
   seconds = measurement.measured_seconds
@@ -49,6 +59,7 @@ def summarize(measurement, experiment, num_devices: int,
     mfu = model_flops_per_sec / (peak_flops_per_device * num_devices)
   steps = len(measurement.tokens)
   return {
+      **startup(measurement),
       "step_time_s": step_time_stats(measurement.step_durations),
       # Means over measured steps (tfds batches vary), rounded to whole tokens.
       "tokens_per_step": round(tokens / steps) if steps else None,

@@ -39,7 +39,13 @@ FIELDS = {
     "islands": int, "devices_per_island": int, "dcn_rate": _OPT_STR,
     "link_bytes_per_step": _OPT_NUM, "link_bytes_per_step_analytic": _OPT_NUM,
     "steps": int, "warmup_steps": int, "sync_every": int,
-    "synchronous_step": (bool, type(None)), "step_time_s": dict,
+    "synchronous_step": (bool, type(None)),
+    # Startup (docs/measurement.md): seconds; null where the run did not get there,
+    # compile_s also where the trainer does not compile ahead of time.
+    # compilation_cache: "hit", "miss", "off", or null where the runtime has none.
+    "build_s": _OPT_NUM, "compile_s": _OPT_NUM, "first_step_s": _OPT_NUM,
+    "warmup_s": _OPT_NUM, "compilation_cache": _OPT_STR,
+    "step_time_s": dict,
     "tokens_per_step": (int, type(None)), "padded_tokens_per_step": (int, type(None)),
     "tokens_per_sec": _OPT_NUM, "padded_tokens_per_sec": _OPT_NUM,
     "model_flops_per_token": _NUM, "model_tflops_per_sec": _OPT_NUM,
@@ -55,6 +61,7 @@ STEP_TIME_KEYS = ("median", "mean", "p10", "p90", "min", "max")
 # not installed), which records of a system added later lack.
 ENV_KEYS = ("python", "numpy", "platform", "cpu", "accelerators")
 STATUSES = ("ok", "failed")
+COMPILATION_CACHE = ("hit", "miss", "off")  # and None: the system's runtime has none
 
 # Dispatch micro-benchmark records (tf_tput.micro); computations counted per repeat.
 MICRO_SCHEMA = "tf_tput.micro/1"
@@ -81,7 +88,8 @@ LATER_FIELDS = {
     SCHEMA: ("embedding", "run_key", "sync_every", "synchronous_step", "pipeline_stages",
              "micro_batches", "schedule", "bubble_fraction", "islands",
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
-             "link_bytes_per_step_analytic"),
+             "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
+             "warmup_s", "compilation_cache"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 
@@ -120,6 +128,9 @@ def validate(record: dict, written_now: bool = True) -> None:
       problems.append(f"step_time_s keys {sorted(record['step_time_s'])}")
   if isinstance(record.get("env"), dict):
     problems += [f"env lacks {k}" for k in ENV_KEYS if k not in record["env"]]
+  if record.get("compilation_cache") not in COMPILATION_CACHE + (None,):
+    problems.append(f"compilation_cache {record['compilation_cache']!r} not in "
+                    f"{COMPILATION_CACHE} or null")
   if record.get("status") == "ok":
     problems += [f"an ok record needs {k}" for k in needed_when_ok
                  if record.get(k) is None]

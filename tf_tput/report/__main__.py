@@ -79,7 +79,9 @@ def _console(train: list, micro: list) -> None:
     print(textwrap.fill(
         "tokens/s counts non-padding tokens over measured steps (warmup excluded); "
         "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
-        "the best peak measured on the same hardware and dtype in these files.",
+        "the best peak measured on the same hardware and dtype in these files; startup: "
+        "build + warmup seconds before the first measured step (hit/miss: the "
+        "compilation cache).",
         tables.PEAKS_WIDTH))
   scalar = [r for r in micro if not r["matmul_n"]]
   if scalar:
@@ -137,7 +139,8 @@ def _compare() -> int:
     print(note)
   print("verdict: faster / slower only when the new spread lies wholly above / below "
         "the old one (spread: every run's p10-p90 step rate and tokens/s; "
-        "micro: the repeats' range)")
+        "micro: the repeats' range; startup s, build + warmup: the runs' range "
+        f"+-{compare_lib.STARTUP_SPREAD:.0%})")
   return 0
 
 

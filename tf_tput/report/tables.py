@@ -17,7 +17,7 @@ from tf_tput.report import published
 BASELINE_SYSTEM = systems.DEFAULT  # the paper's TF baseline: ratios divide by it
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
            f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
-           "final loss", "status")
+           "startup (s)", "final loss", "status")
 # Records that differ only in their system are the same configuration. The embedding
 # is part of it: a row lookup does less arithmetic than mtf's one-hot matmul. Records
 # from before a field existed (results.LATER_FIELDS) have None there. sync_every too:
@@ -83,6 +83,22 @@ def _mfu_at_best(r: dict, peaks: dict) -> str:
   return f"{100 * r['model_tflops_per_sec'] * 1e12 / peak:.1f}%"
 
 
+def startup_s(r: dict):
+  """Seconds from the run's start to its first measured step: build_s + warmup_s (the
+  compile and the first step are inside warmup_s; docs/measurement.md, "Startup").
+  None where a record lacks either (a failed run, a record older than the fields)."""
+  build, warmup = r.get("build_s"), r.get("warmup_s")
+  return None if build is None or warmup is None else build + warmup
+
+
+def startup_cell(build_s, warmup_s, cache=None) -> str:
+  """'build + warmup' seconds, with the compilation cache's hit or miss."""
+  if build_s is None or warmup_s is None:
+    return "-"
+  return f"{build_s:.1f} + {warmup_s:.1f}" + (f" {cache}" if cache in ("hit", "miss")
+                                              else "")
+
+
 def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
   st = r["step_time_s"]
   spread = ("-" if st["median"] is None else
@@ -92,6 +108,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
           "-" if r["tokens_per_sec"] is None else f"{r['tokens_per_sec']:,.0f}",
           _ratio(r, baselines), spread,
           "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
+          startup_cell(r.get("build_s"), r.get("warmup_s"), r.get("compilation_cache")),
           "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
           r["status"] if r["status"] == "ok" else f"failed: {r['error'][:60]}")
 
@@ -257,7 +274,7 @@ def table1(records: list) -> tuple:
   names, baseline = systems_in(records), baseline_system(records)
   header = ["model", "params", "dtype", "devices", "mesh", "strategy", "batch", "system",
             "runs", "tokens/s [spread]", "step median (s)", "MFU", f"vs {baseline}",
-            PUBLISHED_TOKENS, IMPLIED_MFU]
+            "startup (s): build + warmup", PUBLISHED_TOKENS, IMPLIED_MFU]
   rows = []
   for runs in group(records, row_key).values():
     first = runs[0]
@@ -278,16 +295,20 @@ def table1(records: list) -> tuple:
       count = f"{len(ok)}" + (f" (+{len(failed)} failed)" if failed and ok else
                               f" ({len(failed)} failed)" if failed else "")
       if not ok:
-        rows.append(config + [s, count, "failed", "–", "–", "–"] + pub_cells)
+        rows.append(config + [s, count, "failed", "–", "–", "–", "–"] + pub_cells)
         continue
       median, low, high = tokens_band(ok)
       mfus = [r["mfu"] for r in ok if r["mfu"] is not None]
       steps = [r["step_time_s"]["median"] for r in ok]
+      started = [r for r in ok if startup_s(r) is not None]
       rows.append(config + [
           s, count, f"{median:,.0f} [{_si(low)}–{_si(high)}]",
           f"{statistics.median(steps):.3f}",
           f"{100 * statistics.median(mfus):.1f}%" if mfus else "–",
-          f"{median / base:.2f}x" if base else "–"] + pub_cells)
+          f"{median / base:.2f}x" if base else "–",
+          startup_cell(statistics.median(r["build_s"] for r in started),
+                       statistics.median(r["warmup_s"] for r in started))
+          if started else "–"] + pub_cells)
   return header, rows
 
 

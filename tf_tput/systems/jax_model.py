@@ -9,12 +9,16 @@ trainer load as they are and the same weights and batch give the same loss:
   one relative attention bias per stack, embedding shared with the softmax;
 * mtf's AdafactorOptimizer defaults as an optax transformation.
 
+With ModelConfig.scan_layers each stack's blocks run under jax.lax.scan; the weights
+keep their per-layer names (they are stacked inside the loss, not stored stacked).
+
 Each function names the mtf function it mirrors (mesh_tensorflow/transformer/*.py,
 layers.py, ops.py, optimize.py are the specification). Numerics follow mtf too: the
 order of multiplications where it matters, what is computed in which dtype with
 bfloat16 activations, and mtf's own softmax / logsumexp formulas.
 """
 
+import functools
 from typing import Callable, Optional
 
 import jax
@@ -144,33 +148,68 @@ def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
   return bias + values[:, buckets][None]
 
 
+def _block(w, x, kinds, nonpadding, self_bias, encoder_output, enc_dec_bias, m,
+           constrain):
+  """One block of transformer.LayerStack.call: per layer, rms_norm, mask padding
+  (sublayer_call_layer masks the layer's input), the layer, residual. w: the block's
+  weights by their name inside block_NNN ("layer_000/SelfAttention/q")."""
+  for index, kind in enumerate(kinds):
+    prefix = f"layer_{index:03d}"
+    h = _rms_norm(x, w[f"{prefix}/rms_norm/scale"]) * nonpadding
+    if kind == "SelfAttention":
+      h = _attention(w, f"{prefix}/{kind}", h, h, self_bias, m, constrain)
+    elif kind == "EncDecAttention":
+      h = _attention(w, f"{prefix}/{kind}", h, encoder_output, enc_dec_bias, m, constrain)
+    else:
+      h = _dense_relu_dense(w, f"{prefix}/{kind}", h, constrain)
+    x = x + h
+  return x
+
+
+def _stacked_blocks(p, stack, m, constrain):
+  """Each per-block weight of a stack as one array over the blocks, [num_layers, ...],
+  by its name inside block_NNN. The shared relative bias (block_000's only) is left
+  out: _self_attention_bias reads it once for the stack. Each stacked weight keeps its
+  variable's layout sharding, the new layer axis unsharded."""
+  first = f"{stack}/block_000/"
+  shared_bias = f"{first}layer_000/SelfAttention/relative_attention_bias"
+  dims = {v.name: [n for n, _ in v.dims] for v in models.variables(m)}
+  return {name[len(first):]: constrain(
+      jnp.stack([p[f"{stack}/block_{b:03d}/{name[len(first):]}"]
+                 for b in range(m.num_layers)]), ("layers", *dims[name]))
+          for name in p if name.startswith(first) and name != shared_bias}
+
+
 def _stack(p, stack, x, sequence_id, m, constrain, causal,
            encoder_output=None, encoder_sequence_id=None):
-  """transformer.LayerStack.call with defaults.gin's sublayers (dropout rate 0).
+  """transformer.LayerStack.call with defaults.gin's sublayers (dropout rate 0):
+  num_layers blocks (_block), then the final rms_norm and sublayer_mask_padding.
 
-  Per layer: rms_norm, mask padding (sublayer_call_layer masks the layer's input),
-  the layer, residual. Then the final rms_norm and sublayer_mask_padding.
+  With ModelConfig.scan_layers the blocks run under one lax.scan over the stacked
+  weights (_stacked_blocks): the same operations in the same order per block, and
+  XLA compiles one block instead of num_layers.
   """
   dtype = x.dtype
   nonpadding = (sequence_id != 0).astype(dtype)[:, :, None]
   self_bias = _self_attention_bias(p, stack, sequence_id, causal, m, dtype)
+  enc_dec_bias = None
   if encoder_output is not None:   # transformer_layers.enc_dec_attention_bias
     enc_dec_bias = _mask_bias(
         sequence_id[:, :, None] == encoder_sequence_id[:, None, :], dtype)[:, None]
   kinds = ["SelfAttention"] + (["EncDecAttention"] if encoder_output is not None else [])
   kinds.append("DenseReluDense")
-  for block in range(m.num_layers):
-    for index, kind in enumerate(kinds):
-      prefix = f"{stack}/block_{block:03d}/layer_{index:03d}"
-      h = _rms_norm(x, p[f"{prefix}/rms_norm/scale"]) * nonpadding
-      if kind == "SelfAttention":
-        h = _attention(p, f"{prefix}/{kind}", h, h, self_bias, m, constrain)
-      elif kind == "EncDecAttention":
-        h = _attention(p, f"{prefix}/{kind}", h, encoder_output, enc_dec_bias, m,
-                       constrain)
-      else:
-        h = _dense_relu_dense(p, f"{prefix}/{kind}", h, constrain)
-      x = x + h
+  block = functools.partial(
+      _block, kinds=kinds, nonpadding=nonpadding, self_bias=self_bias,
+      encoder_output=encoder_output, enc_dec_bias=enc_dec_bias, m=m, constrain=constrain)
+  if m.scan_layers:
+    x, _ = jax.lax.scan(lambda x, w: (block(w, x), None), x,
+                        _stacked_blocks(p, stack, m, constrain))
+  else:
+    for b in range(m.num_layers):
+      prefix = f"{stack}/block_{b:03d}/"
+      block_weights = {name[len(prefix):]: value for name, value in p.items()
+                       if name.startswith(prefix)}
+      x = block(block_weights, x)
   return _rms_norm(x, p[f"{stack}/rms_norm/scale"]) * nonpadding
 
 

@@ -351,6 +351,12 @@ class JaxPipelineTrainer:
     """The jitted step lowered for this batch (for .compile().as_text(), tests)."""
     return self._step.lower(self._params, self._opt_state, self.global_batch(batch))
 
+  def compile(self, batch: dict) -> None:
+    """Compiles the step ahead of the first (the loop times it); the step runs that
+    executable from then on. Once only (a later loop finds it compiled)."""
+    if hasattr(self._step, "lower"):
+      self._step = self.lower(batch).compile()
+
   def dispatch(self, batch: dict):
     """Starts one step; its loss as an unfetched jax.Array (float() waits for it)."""
     self._params, self._opt_state, loss = self._step(

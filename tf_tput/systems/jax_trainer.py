@@ -9,6 +9,8 @@ the activations' (jax_model calls `constrain` with their dimension names). One j
 train step with explicit shardings and donated parameter and optimizer buffers; the
 numerics are jax_model's twin of mesh_tensorflow.transformer.
 
+compile(batch) compiles the step ahead of time for batches shaped as the first (the
+shared loop times it, compile_s) and the step runs that executable from then on.
 dispatch() returns the step's loss unfetched, so the shared loop can keep
 TrainConfig.sync_every steps in flight before it waits; step() waits for each. A
 process never runs ahead of the others by more than that window (unbounded dispatch
@@ -114,6 +116,16 @@ class JaxTrainer:
     """This process's shards of a global numpy batch, as one global jax.Array."""
     return self._jax.make_array_from_callback(value.shape, self._batch_sharding,
                                               lambda index: value[index])
+
+  def compile(self, batch: dict) -> None:
+    """Compiles the step for batches shaped as `batch` (the loop's first), before the
+    first step; the step runs that executable from then on, and a batch of another
+    shape is refused rather than compiled again. Once only: a later loop over the
+    same trainer (tf_tput.overhead's rounds) finds it compiled."""
+    if not hasattr(self._step, "lower"):  # a jax.stages.Compiled already
+      return
+    arrays = {k: self._global_array(v) for k, v in batch.items()}
+    self._step = self._step.lower(self._params, self._opt_state, arrays).compile()
 
   def dispatch(self, batch: dict):
     """Starts one step; its loss as an unfetched jax.Array (float() waits for it)."""
