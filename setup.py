@@ -35,6 +35,14 @@ setup(
         # The Ray micro-benchmark (actors + torch.distributed gloo). torch 2.13.0 is
         # the CPU build on these machines' disk; a plain `torch` pulls a CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],
+        # --system=torch (the same pin: the CPU build on these machines' disk).
+        "torch": ["torch==2.13.0"],
+        # scripts/hf_t5_reference.py: Hugging Face's T5 in PyTorch, the speed reference
+        # --system=torch is compared with (docs/systems.md); no test needs it.
+        "compare": ["transformers>=5,<6", "torch==2.13.0"],
+        # --system=pathways: JAX as a client of a Pathways on Cloud cluster. pathwaysutils
+        # 0.1.13 (the version checked here, up to the connection) needs jax >= 0.10.
+        "pathways": ["pathwaysutils>=0.1.13,<0.2", "jax>=0.10,<0.11", "optax>=0.2.4,<0.3"],
         # pytest-xdist: scripts/test.sh runs the suite in up to 4 workers.
         "test": ["pytest>=7,<9", "psutil>=5.9,<8", "pytest-xdist>=3.5,<4"],
     },

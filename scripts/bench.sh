@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The default benchmark, a few minutes on 2 cores: the Mesh TensorFlow baseline (mtf),
-# the JAX adapter (jax) and TF2 (tf2), batch 8, lengths 128/128, on
+# the JAX adapter (jax), TF2 (tf2) and PyTorch (torch), batch 8, lengths 128/128, on
 #   t5_tiny  4 virtual CPU devices as a 2x2 mesh (dispatch- and partitioning-bound;
 #            mtf and jax: tf2's strategies replicate, they have no model axis)
-#   t5_small 1 device (matmul-bound), all three
+#   t5_small 1 device (matmul-bound), all four
 # in float32, and in bfloat16 only where the CPU multiplies bfloat16 natively (AMX /
 # AVX-512 BF16): elsewhere TF's bfloat16 step is ~10x its float32 one and would take
 # most of the time (BENCH_BFLOAT16=1 runs it anyway). Prints one table with each
 # system's tokens/s relative to mtf ("vs mtf"); the records go to
 # results/bench-<time>.jsonl. Extra arguments go to every run, e.g. --steps=3.
-TF_TPUT_EXTRAS="test,jax"
+TF_TPUT_EXTRAS="test,jax,torch"
 source "$(dirname "$0")/_venv.sh"
 out="results/bench-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 mkdir -p results
@@ -41,7 +41,7 @@ while read -r model mesh devices steps warmup systems; do
   done
 done <<'RUNS'
 t5_tiny data2_model2 4 10 2 mtf,jax
-t5_small single 1 5 1 mtf,jax,tf2
+t5_small single 1 5 1 mtf,jax,tf2,torch
 RUNS
 echo
 .venv/bin/python -m tf_tput.report --results="$out"

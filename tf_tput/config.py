@@ -46,6 +46,9 @@ class ModelConfig:
   relative_attention_num_buckets: int = 32
   activation_dtype: str = "float32"   # variables stay float32 in every case
   embedding: str = "one_hot"          # EMBEDDINGS; also the relative-bias lookup
+  # Each stack's layers stacked and run as one loop (where a system has it; the others
+  # refuse it): the same arithmetic, one layer to compile instead of num_layers.
+  scan_layers: bool = False
 
 
 @gin.configurable
@@ -220,10 +223,14 @@ def add_gin_search_path() -> None:
     gin.add_config_file_search_path(str(PACKAGE_DIR))
 
 
-def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) -> Experiment:
+def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = (),
+                    options: Sequence = ()) -> Experiment:
   """Parses gin files, then bindings (later ones win), into a validated Experiment.
 
-  The config stays unlocked: mesh_tensorflow registers configurables on import.
+  options: the gin configurables of the systems that will run it (System.options,
+  tf_tput.systems.options), called once here because gin's operative config, which
+  records keep, holds only the configurables that were called. The config stays
+  unlocked: mesh_tensorflow registers configurables on import.
   """
   if not gin_files:
     raise UsageError("no --gin_file given; pass a model, e.g. --gin_file=t5_small "
@@ -240,6 +247,8 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = ()) ->
     experiment_parts = dict(model=ModelConfig(), mesh=MeshConfig(),
                             train=TrainConfig(), data=DataConfig(),
                             pipeline=PipelineConfig())
+    for configurable in options:
+      configurable()
   except TypeError as e:
     macro = re.search(r"configurable 'macro' .* in scope '([^']*)'", str(e))
     if macro:

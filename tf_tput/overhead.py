@@ -94,7 +94,8 @@ def _checked():
   for name in ("steps", "rounds"):
     if FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
-  experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
+  experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param,
+                                      systems.options(*FLAGS.systems))
   config.validate(experiment, num_devices=1)
   for name in FLAGS.systems:
     systems.check_experiment(name, experiment)

@@ -70,7 +70,7 @@ def compare(sides, num_cpu_devices, steps: int) -> list:
     for _, name, experiment in sides:
       runtime = systems.load(name).runtime
       if runtime.name not in topologies:  # virtual devices are configured once per process
-        topologies[runtime.name] = runtime.resolve(num_cpu_devices)
+        topologies[runtime.name] = _resolve(runtime, name, num_cpu_devices)
       trainers.append(systems.load(name).build(experiment, topologies[runtime.name]))
     initial = trainers[0].export_variables()
     for trainer in trainers[1:]:
@@ -91,6 +91,20 @@ def compare(sides, num_cpu_devices, steps: int) -> list:
       trainer.close()
 
 
+def _resolve(runtime, name: str, num_cpu_devices):
+  """The runtime's devices; one where it holds one device per process (a trainer
+  that joins processes): there it trains the same global batch on one device, the
+  reference for the others' split of it."""
+  try:
+    return runtime.resolve(num_cpu_devices)
+  except UsageError as e:
+    if not num_cpu_devices or num_cpu_devices == 1:
+      raise
+    print(f"{name}: one device in this process ({e}); it trains the whole global "
+          "batch there", file=sys.stderr)
+    return runtime.resolve(None)
+
+
 def _experiment():
   files, bindings = list(FLAGS.gin_file), list(FLAGS.gin_param)
   if FLAGS.mesh:
@@ -98,7 +112,8 @@ def _experiment():
       files.append(FLAGS.mesh)
     else:
       bindings.append(f"MeshConfig.mesh_shape = {FLAGS.mesh!r}")
-  experiment = config.load_experiment(files, bindings)
+  names = [entry.partition(":")[0] for entry in FLAGS.systems]
+  experiment = config.load_experiment(files, bindings, systems.options(*names))
   num_devices = FLAGS.num_cpu_devices or experiment.num_devices
   config.validate(experiment, num_devices=num_devices)
   if FLAGS.steps < 1:

@@ -36,7 +36,7 @@ def _fails(tmp_path, *args, expect: str):
      "vocab = 512 is not divisible by mesh axis 'model' of size 3"),
     ((TINY, "--steps=0"), "TrainConfig.steps (--steps) = 0"),
     ((TINY, "--warmup_steps=0"), "TrainConfig.warmup_steps (--warmup_steps) = 0"),
-    ((TINY, "--system=pathways"), "--system=pathways"),
+    ((TINY, "--system=pax"), "--system=pax is not a system"),
     ((TINY, "--log_every=0"), "--log_every=0"),
     ((TINY, "--gin_param=ModelConfig.d_model = ("), "ModelConfig.d_model = ("),
     ((TINY, "--gin_param=MeshConfig.layout = 'd_ff:model;d_ff:batch'"),

@@ -125,8 +125,9 @@ def test_dry_run_validates_the_paper_suites_and_runs_nothing(tmp_path):
                  cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
-  assert lines[-1] == "8 run(s) valid; nothing was run (--dry_run)"
+  assert lines[-1] == "12 run(s) valid; nothing was run (--dry_run)"
   assert "t5_11b jax bfloat16 data32_model16 batch 128" in proc.stdout
+  assert "t5_11b pathways bfloat16 data32_model16 batch 128" in proc.stdout
   assert "512 devices" in proc.stdout and proc.stderr == ""
   assert not (tmp_path / "results").exists()
 

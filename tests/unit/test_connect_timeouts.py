@@ -70,7 +70,7 @@ def test_a_jax_initialize_that_fails_fails_in_the_caller():
 
 
 def test_a_ray_wait_past_the_deadline_names_where_and_the_flag():
-  from tf_tput.micro import ray_actors
+  from tf_tput.frameworks import ray_cluster
 
   class GetTimeoutError(Exception):
     pass
@@ -80,13 +80,13 @@ def test_a_ray_wait_past_the_deadline_names_where_and_the_flag():
 
   ray = types.SimpleNamespace(get=get, exceptions=types.SimpleNamespace(
       GetTimeoutError=GetTimeoutError))
-  deadline = ray_actors._Deadline(time.monotonic() + 5, 5.0,
+  deadline = ray_cluster.Deadline(time.monotonic() + 5, 5.0,
                                   "the run's Ray cluster at 127.0.0.1:6379")
   with pytest.raises(TimeoutError) as raised:
-    ray_actors._get(ray, [], deadline, "starting the hosts")
+    ray_cluster.get(ray, [], deadline, "starting the hosts")
   assert str(raised.value).startswith(
       "ray: starting the hosts on the run's Ray cluster at 127.0.0.1:6379 did not finish "
       "within --timeout_s=5")
-  past = ray_actors._Deadline(time.monotonic() - 1, 5.0)
+  past = ray_cluster.Deadline(time.monotonic() - 1, 5.0)
   with pytest.raises(TimeoutError, match="--timeout_s=5"):
-    ray_actors._get(ray, [], past, "joining the process group")
+    ray_cluster.get(ray, [], past, "joining the process group")

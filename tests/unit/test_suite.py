@@ -14,7 +14,8 @@ from tf_tput.suite import __main__ as suite_main
 from record_fixtures import micro_record, train_record
 
 SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
-          "table2_paper", "islands_local", "islands_paper", "islands_pipeline_local"]
+          "table2_paper", "islands_local", "islands_paper", "islands_pipeline_local",
+          "controllers_local"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -35,11 +36,30 @@ def test_table1_local_runs_every_model_through_every_system():
       (f"gin/models/{m}.gin", s) for m in ("t5_tiny", "t5_small", "t5_base")
       for s in ("mtf", "jax")] + [
       (f"gin/models/{m}.gin", s) for m in ("t5_tiny", "t5_small")
-      for s in ("mtf", "jax", "tf2")]
-  assert all(r.flags["num_cpu_devices"] == 4 and r.module == suites.TRAIN_MODULE
-             for r in runs)
+      for s in ("mtf", "jax", "tf2")] + [
+      (f"gin/models/{m}.gin", "torch") for m in ("t5_tiny", "t5_small")]
+  # torch's 4 devices are 4 launched processes of one; the others' 4 virtual devices.
+  assert all(r.module == suites.TRAIN_MODULE for r in runs)
+  assert [(r.flags["num_cpu_devices"], r.launcher) for r in runs[-2:]] == [
+      (1, ("--num_processes=4",))] * 2
+  assert all(r.flags["num_cpu_devices"] == 4 and not r.launcher for r in runs[:-2])
   args = runs[0].args("out.jsonl")
   assert "--gin_param=TrainConfig.steps = 8" in args and args[-1] == "--results=out.jsonl"
+
+
+def test_controllers_local_sets_the_four_architectures_side_by_side():
+  """On 2 devices: jax and torch as 2 launched processes, mtf as 2 TF worker servers
+  it drives, ray as 2 actors of one driver process; on 1, each alone."""
+  runs = suites.expand(suites.load("controllers_local"))
+  how = {(r.flags["system"], r.flags["gin_file"][1], r.launcher,
+          r.flags.get("num_cpu_devices")) for r in runs
+         if r.flags["gin_file"][0] == "gin/models/t5_tiny.gin"}
+  assert how == {
+      *((s, "gin/mesh/single.gin", (), 1) for s in ("mtf", "jax", "ray", "torch")),
+      ("jax", "gin/mesh/data2.gin", ("--num_processes=2",), 1),
+      ("torch", "gin/mesh/data2.gin", ("--num_processes=2",), 1),
+      ("mtf", "gin/mesh/data2.gin", ("--num_workers=2", "--devices_per_worker=1"), None),
+      ("ray", "gin/mesh/data2.gin", (), 2)}, how
 
 
 def test_table1_paper_uses_the_papers_device_counts():
@@ -96,7 +116,7 @@ GOOD = ("Suite.name = 's'\nSuite.matrices = [@TrainMatrix()]\n"
     ("TrainMatrix.modles = ['t5_tiny']\n", "modles"),
     ("TrainMatrix.models = ['t5_huge']\n", "'t5_huge'"),
     ("TrainMatrix.meshes = ['data3']\n", "'data3'"),
-    ("TrainMatrix.systems = ['pathways']\n", "'pathways'"),
+    ("TrainMatrix.systems = ['pax']\n", "'pax'"),
     ("TrainMatrix.dtypes = ['float16']\n", "'float16'"),
     ("TrainMatrix.models = []\n", "TrainMatrix.models = []"),
     ("TrainMatrix.models = 't5_tiny'\n", "TrainMatrix.models = 't5_tiny'"),

@@ -52,6 +52,16 @@ def test_strategy_checks_are_the_systems_own():
   systems.check_strategy("mtf", "local", model_parallel)
 
 
+def test_scanned_layers_are_the_jax_adapters_alone():
+  scanned = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
+  systems.check_strategy("jax", "local", scanned)
+  for name in ("mtf", "tf2"):
+    with pytest.raises(UsageError, match=r"^ModelConfig.scan_layers = True is the JAX "
+                       r"adapter's; drop the binding or use --system=jax$"):
+      systems.check_strategy(name, "local", scanned)
+    systems.check_strategy(name, "local", config.load_experiment(["t5_tiny"]))
+
+
 def test_a_plugin_never_replaces_a_built_in_system(tmp_path):
   info = tmp_path / "shadow-0.1.dist-info"
   info.mkdir()

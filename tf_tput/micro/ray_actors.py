@@ -22,36 +22,17 @@ Every value the driver gets back (each device of each host) is checked; the chai
 and fused ones close chain_length dependent computations, so one wrong AllReduce
 makes them wrong too.
 
-Loopback only: Ray's gRPC servers listen on every interface unless its node address
-is loopback, and ray.init turns _node_ip_address="127.0.0.1" into the machine's
-routable address unless Ray's "cluster mode" is off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
-=0, read when ray is imported), so run() switches it off around ray.init. gloo is
-pinned to the loopback interface, its rendezvous store to a listener on 127.0.0.1.
-
-Stopping: ray.shutdown() in a finally, then whatever process the run started that is
-still running (a child of this process, recursively, that was not there before) gets
-STOP_GRACE_S to exit and then SIGKILL. Ray's session directory (logs, sockets) is a
-temporary one, removed at the end.
+The cluster's lifecycle (private, on loopback; stopped with whatever it started,
+on success, failure, timeout and Ctrl-C) and the gloo rendezvous are
+tf_tput/frameworks/ray_cluster.py's, shared with --system=ray.
 """
 
-import contextlib
-import dataclasses
-import datetime
-import os
-import shutil
-import socket
-import tempfile
 import time
 
 from tf_tput import micro
+from tf_tput.frameworks import ray_cluster
 
 MODES = micro.MODES
-OBJECT_STORE_BYTES = 80 << 20    # Ray's minimum is 75 MiB; the results are tiny
-STOP_GRACE_S = 5.0               # after ray.shutdown, before SIGKILL to what is left
-
-# Read by Ray at import; "0" makes its node address loopback (see the docstring).
-_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                 "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def unavailable():
@@ -83,25 +64,12 @@ class Host:
 
   def listen(self) -> int:
     """Rank 0: the rendezvous port, already listening on 127.0.0.1 (no port race)."""
-    self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    self._listener.bind(("127.0.0.1", 0))
-    self._listener.listen(128)
+    self._listener = ray_cluster.listen_loopback()
     return self._listener.getsockname()[1]
 
   def join(self, port: int, timeout_s: float) -> None:
     """The process group: rendezvous at tcp://127.0.0.1:port, gloo on loopback."""
-    import psutil  # Ray's vendored copy
-    loopback = _loopback_interface(psutil)
-    if loopback:
-      os.environ["GLOO_SOCKET_IFNAME"] = loopback  # else: the hostname's address
-    timeout = datetime.timedelta(seconds=timeout_s)
-    # What init_method="tcp://127.0.0.1:port" builds, but the server keeps the
-    # listener bound above: torch's own would listen on every interface.
-    store = self._dist.TCPStore(
-        "127.0.0.1", port, self._hosts, is_master=self._rank == 0, timeout=timeout,
-        master_listen_fd=self._listener.fileno() if self._listener else None)
-    self._dist.init_process_group("gloo", store=store, rank=self._rank,
-                                  world_size=self._hosts, timeout=timeout)
+    ray_cluster.join_group(self._rank, self._hosts, port, timeout_s, self._listener)
 
   def computation(self, x=None) -> list:
     """One computation from x (the previous one's output) or the values held here."""
@@ -132,26 +100,14 @@ def run(spec: micro.Spec) -> list:
   if spec.mode != "opbyop" and spec.computations % spec.chain_length:
     raise ValueError(f"computations={spec.computations} is not a multiple of "
                      f"chain_length={spec.chain_length}")
-  deadline = _Deadline(time.monotonic() + spec.timeout_s, spec.timeout_s)
+  deadline = ray_cluster.Deadline.after(spec.timeout_s)
   import ray
 
-  if ray.is_initialized():
-    raise RuntimeError("ray is already initialized in this process; the ray micro-"
-                       "benchmark starts (and stops) a private cluster of its own")
-  temp_dir = tempfile.mkdtemp(prefix="tf_tput_ray_")  # short: Ray's socket paths
-  not_ours = {p.pid for p in _descendants()}
-  processes = []
-  try:
-    with _loopback_ray_env():
-      # Ray's CPUs are logical: one per host actor, so 4 hosts fit on 2 cores.
-      context = ray.init(address="local", num_cpus=spec.hosts, include_dashboard=False,
-                         _node_ip_address="127.0.0.1",
-                         object_store_memory=OBJECT_STORE_BYTES, _temp_dir=temp_dir,
-                         log_to_driver=False, configure_logging=False)
-    deadline.where = f"the run's Ray cluster at {_address(context)}"
-    processes += _descendants()
+  # Ray's CPUs are logical: one per host actor, so 4 hosts fit on 2 cores.
+  with ray_cluster.Cluster(num_cpus=spec.hosts) as cluster:
+    deadline.where = f"the run's Ray cluster at {cluster.address}"
     hosts = _start_hosts(ray, spec, deadline)
-    processes += _descendants()
+    cluster.track()
     bench = _Bench(ray, spec, hosts, deadline)
     bench.repeat()  # warmup
     times = []
@@ -160,23 +116,16 @@ def run(spec: micro.Spec) -> list:
       bench.repeat()
       times.append(time.perf_counter() - start)
     return times
-  finally:
-    processes += _descendants()
-    try:
-      ray.shutdown()
-    finally:
-      _stop([p for p in processes if p.pid not in not_ours])
-      shutil.rmtree(temp_dir, ignore_errors=True)  # Ray's session: logs, sockets
 
 
 def _start_hosts(ray, spec, deadline):
   actor = ray.remote(num_cpus=1, max_restarts=0)(Host)
   hosts = [actor.remote(rank, spec.hosts, spec.devices_per_host, spec.matmul_n)
            for rank in range(spec.hosts)]
-  port = _get(ray, hosts[0].listen.remote(), deadline, "starting the hosts")
+  port = ray_cluster.get(ray, hosts[0].listen.remote(), deadline, "starting the hosts")
   timeout_s = max(1.0, deadline.left())
-  _get(ray, [h.join.remote(port, timeout_s) for h in hosts], deadline,
-       f"joining the process group (its rendezvous at tcp://127.0.0.1:{port})")
+  ray_cluster.get(ray, [h.join.remote(port, timeout_s) for h in hosts], deadline,
+                  f"joining the process group (its rendezvous at tcp://127.0.0.1:{port})")
   return hosts
 
 
@@ -205,93 +154,11 @@ class _Bench:
                  self._spec.chain_length)
 
   def _finish(self, refs, computations):
-    values = _get(self._ray, refs, self._deadline, f"{self._spec.mode} computations")
+    values = ray_cluster.get(self._ray, refs, self._deadline,
+                             f"{self._spec.mode} computations")
     self.done += computations
     expected = micro.expected(self._spec, self.done)
     for rank, devices in enumerate(values):
       for d, value in enumerate(devices):
         micro.check(value, expected, f"ray host {rank} device {d} after "
                     f"{self.done} computations")
-
-
-@dataclasses.dataclass
-class _Deadline:
-  at: float                 # time.monotonic() by which the run must be over
-  timeout_s: float          # spec.timeout_s: tf_tput.micro --timeout_s
-  where: str = "the run's Ray cluster"  # its address, once it has one
-
-  def left(self) -> float:
-    return self.at - time.monotonic()
-
-
-def _address(context) -> str:
-  """The local cluster's address as ray.init's context tells it."""
-  info = getattr(context, "address_info", None) or {}
-  return info.get("gcs_address") or info.get("address") or "127.0.0.1"
-
-
-def _get(ray, refs, deadline: _Deadline, what):
-  """ray.get within the run's deadline; TimeoutError naming what, where, and the flag."""
-  left = deadline.left()
-  late = (f"ray: {what} on {deadline.where} did not finish within --timeout_s="
-          f"{deadline.timeout_s:g} (the hosts' start-up counts); raise it")
-  if left <= 0:
-    raise TimeoutError(late)
-  try:
-    return ray.get(refs, timeout=left)
-  except ray.exceptions.GetTimeoutError as e:
-    raise TimeoutError(late) from e
-
-
-@contextlib.contextmanager
-def _loopback_ray_env():
-  """Ray's loopback mode for ray.init: its processes (started now) read the env."""
-  from ray._private import ray_constants
-  saved_env = {k: os.environ.get(k) for k in _LOOPBACK_ENV}
-  saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-  os.environ.update(_LOOPBACK_ENV)
-  ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
-  try:
-    yield
-  finally:
-    ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-    for k, v in saved_env.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
-
-
-def _loopback_interface(psutil):
-  for name, addresses in psutil.net_if_addrs().items():
-    if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
-      return name
-  return None
-
-
-def _descendants() -> list:
-  import psutil  # Ray's vendored copy once ray is imported
-  try:
-    return psutil.Process().children(recursive=True)
-  except psutil.Error:
-    return []
-
-
-def _stop(processes) -> None:
-  """Waits for the run's processes to exit after ray.shutdown; SIGKILL to the rest."""
-  import psutil
-  alive = [p for p in {p.pid: p for p in processes}.values() if _running(p)]
-  _, alive = psutil.wait_procs(alive, timeout=STOP_GRACE_S)
-  alive = [p for p in alive if _running(p)]
-  for p in alive:
-    with contextlib.suppress(psutil.Error):
-      p.kill()
-  psutil.wait_procs(alive, timeout=STOP_GRACE_S)
-
-
-def _running(p) -> bool:
-  import psutil
-  try:
-    return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-  except psutil.Error:
-    return False

@@ -372,7 +372,8 @@ def validate(run: Run) -> str:
     return " ".join(run.args("...")[:-1])
   try:
     with config.quiet_include_probes():
-      experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"])
+      experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"],
+                                          systems.options(run.flags["system"]))
     systems.check_experiment(run.flags["system"], experiment)
     num_processes, num_islands = _launched(run)
     if num_processes > 1 and not systems.load(run.flags["system"]).multi_process:

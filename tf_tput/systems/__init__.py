@@ -44,6 +44,9 @@ Across islands an optional attribute analytic_link_bytes_per_step gives the byte
 the trainer's own schedule sends between them per step (mtf's counted reduction, a
 pipeline's stage boundaries); without it, train records one float32 gradient per
 parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
+An optional Trainer method compile(batch) compiles the step ahead of time for batches
+shaped as the first; the shared loop calls it just before the first step and times it
+(compile_s, jax's trainers); without it the first step compiles (docs/measurement.md).
 Modules are imported only when chosen, so choosing a system loads only its framework.
 A new system is one module here plus its line in BUILT_IN, or, outside this tree, a
 module an installed distribution names under the entry-point group "tf_tput.systems"
@@ -61,6 +64,9 @@ BUILT_IN = {
     "mtf": "tf_tput.systems.mtf",
     "jax": "tf_tput.systems.jax_adapter",
     "tf2": "tf_tput.systems.tf2",
+    "torch": "tf_tput.systems.torch_adapter",
+    "pathways": "tf_tput.systems.pathways",
+    "ray": "tf_tput.systems.ray_adapter",
 }
 ENTRY_POINT_GROUP = "tf_tput.systems"  # name = module defining SYSTEM, for plugins
 
@@ -138,6 +144,13 @@ def named_in(command) -> str:
       if arg == prefix and i + 1 < len(command):
         return command[i + 1]
   return DEFAULT
+
+
+def options(*names: str) -> tuple:
+  """The gin configurables of these systems (an optional System attribute `options`:
+  how the system runs, bound in gin and recorded in the config), their modules
+  imported so that gin knows their names before it parses."""
+  return tuple(dict.fromkeys(c for name in names for c in getattr(load(name), "options", ())))
 
 
 def check_experiment(name: str, experiment) -> None:

@@ -1,0 +1,78 @@
+"""--system=torch end to end: one process, two launched processes training the same
+global batch (one record, process 0's, with the one-process run's losses), and
+tf_tput.parity against mtf and jax."""
+
+import json
+import math
+import re
+import sys
+
+import pytest
+
+from tf_tput import config, models
+from tf_tput.records import results
+
+from cli_helpers import run_cli
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+TRAIN = ("tf_tput.train", "--system=torch", "--gin_file=t5_tiny", "--steps=2",
+         "--warmup_steps=1")
+
+
+def _records(path) -> list:
+  records = [json.loads(line) for line in path.read_text().splitlines()]
+  for record in records:
+    results.validate(record)
+  return records
+
+
+# One launch for every check of launched processes (tests/conftest.py: the
+# coordinator's port).
+@pytest.mark.loopback_ports
+def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
+  one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+  proc = run_cli(*TRAIN, f"--results={one}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
+                 *TRAIN, "--gin_file=data2", f"--results={two}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [alone], [launched] = _records(one), _records(two)  # only process 0 appends
+  for record in (alone, launched):
+    assert record["system"] == "torch" and record["status"] == "ok", record["error"]
+    assert record["num_params"] == models.num_params(
+        config.load_experiment(["t5_tiny"]).model)
+    assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
+    assert record["env"]["torch"]
+    assert all(isinstance(x, float) and math.isfinite(x) for x in record["losses"])
+  assert (alone["num_processes"], alone["num_devices"], alone["strategy"]) == (
+      1, 1, "local")
+  assert (launched["num_processes"], launched["num_devices"], launched["strategy"]) == (
+      2, 2, "multi_process")
+  assert launched["mesh_shape"] == "batch:2"
+  assert alone["peak_source"].startswith("measured: torch 2048x2048 float32")
+  # Each process trains half the rows; the summed gradients and losses are the
+  # whole batch's, so both runs take the same steps (up to the sum's rounding).
+  assert len(alone["losses"]) == len(launched["losses"]) == 3
+  assert launched["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+  assert alone["losses"][-1] < alone["losses"][0]
+
+
+def test_parity_with_mtf_and_jax():
+  proc = run_cli("tf_tput.parity", "--gin_file=decoder_tiny", "--systems=mtf,torch,jax",
+                 "--steps=3")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  rows = [line.split() for line in proc.stdout.splitlines() if re.match(r"\s*\d+\s", line)]
+  assert len(rows) == 3
+  torch_rel = [float(row[4]) for row in rows]  # step, mtf, torch, jax, rel torch, rel jax
+  assert torch_rel[0] < 1e-5 and max(torch_rel) < 1e-3
+  assert "parity: all 3 steps within tolerance" in proc.stdout
+
+
+def test_model_axis_is_one_line_naming_mtf_and_jax(tmp_path):
+  proc = run_cli(*TRAIN, "--gin_file=model4", "--num_cpu_devices=4",
+                 f"--results={tmp_path / 'runs.jsonl'}")
+  assert proc.returncode == 2
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "--system=mtf or --system=jax" in errors[0], proc.stderr
