@@ -82,6 +82,8 @@ def test_a_second_run_of_the_same_program_loads_it_from_the_compilation_cache(tm
   out, cache = tmp_path / "runs.jsonl", tmp_path / "cache"
   for _ in range(2):
     proc = run_cli("tf_tput.train", "--system=jax", "--gin_file=decoder_tiny",
+                   "--gin_param=ModelConfig.num_layers=1",  # plumbing: one layer
+                   "--gin_param=DataConfig.targets_length=32",
                    "--steps=1", "--warmup_steps=1", f"--results={out}",
                    f"--compilation_cache_dir={cache}")
     assert proc.returncode == 0, proc.stderr[-3000:]

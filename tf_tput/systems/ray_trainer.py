@@ -23,7 +23,8 @@ from typing import Optional
 from tf_tput import errors
 
 POLL_S = 1.0        # how often a waiting driver looks for failed actors (and Ctrl-C)
-SETTLE_S = 5.0      # after one actor fails, how long the others get to report theirs
+SETTLE_S = 2.0      # after one actor fails, how long the others get to report theirs
+                    # (one blocked in a collective with a dead actor never does)
 # What each actor holds: "module:class", called as (experiment, **options, device=,
 # rank=, world_size=) with the group joined; tests pass a stand-in.
 REPLICA = "tf_tput.systems.torch_trainer:TorchTrainer"
