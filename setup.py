@@ -31,7 +31,9 @@ setup(
         "matplotlib>=3.10,<4",        # tf_tput.report's PNG plots (Agg backend, no display)
     ],
     extras_require={
-        "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3"],
+        # filelock: JAX locks its persistent compilation cache's entries with it, so
+        # launched processes sharing the cache never read a half-written one.
+        "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3", "filelock>=3.12,<5"],
         # The Ray micro-benchmark (actors + torch.distributed gloo). torch 2.13.0 is
         # the CPU build on these machines' disk; a plain `torch` pulls a CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],

@@ -25,9 +25,9 @@ from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
 
-
 def _cache_systems() -> list:
-  """The systems whose runtime keeps a persistent compilation cache."""
+  """The systems whose runtime keeps a persistent compilation cache (an optional
+  Runtime member, docs/extending.md), named in --compilation_cache_dir's help."""
   return [name for name in systems.REGISTRY
           if hasattr(systems.load(name).runtime, "compilation_cache")]
 
@@ -144,7 +144,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "num_processes": topology.num_processes, "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
-      "embedding": m.embedding, **pipeline.record_fields(experiment),
+      "embedding": m.embedding, "variant": systems.variant(FLAGS.system, experiment),
+      "caveat": systems.caveat(FLAGS.system), **pipeline.record_fields(experiment),
       **_island_fields(experiment, outcome, topology.num_devices),
       "steps": t.steps, "warmup_steps": t.warmup_steps,
       "sync_every": t.sync_every, "synchronous_step": measurement.synchronous_step,

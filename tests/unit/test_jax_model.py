@@ -291,9 +291,11 @@ def _config_default_embedding() -> str:
   return config.ModelConfig.__dataclass_fields__["embedding"].default
 
 
-# Both models and both dtypes, in two compilations each (XLA:CPU compiles are the cost);
-# the trainer test below runs decoder_tiny in float32.
-SCAN_CASES = [("t5_tiny", "float32"), ("decoder_tiny", "bfloat16")]
+# Two compilations per case are the cost (XLA:CPU), so one case: T5 (two stacks) in
+# float32; decoder_tiny in bfloat16 matched bit for bit when checked by hand
+# (docs/results/2026-12-05-startup-cache-scan.md). The trainer test below runs
+# decoder_tiny in float32.
+SCAN_CASES = [("t5_tiny", "float32")]
 SCAN_RTOL = {"float32": 1e-5, "bfloat16": 2e-2}   # a few roundings of bfloat16's 2^-8
 SHORT = ("DataConfig.inputs_length = 32", "DataConfig.targets_length = 32",
          "TrainConfig.global_batch = 4")

@@ -108,6 +108,22 @@ def test_table1_adds_a_row_not_columns_per_system():
   assert jax_row["vs jax"] == "1.00x" and tf2_row["vs jax"] == f"{200 / 330:.2f}x"
 
 
+def test_a_variant_is_a_system_of_its_own_beside_its_default_way():
+  """torch compiled and torch eager on one configuration: two rows, each with its
+  ratio to mtf; a record without a variant is left as it is."""
+  mtf = train_record("t5_base", "mtf", 100.0, run_id="m")
+  eager = train_record("t5_base", "torch", 120.0, run_id="e")
+  compiled = tables.variant_as_system(train_record(
+      "t5_base", "torch", 150.0, run_id="c", variant="TorchOptions.compile=True"))
+  assert tables.variant_as_system(eager) is eager
+  assert compiled["system"] == "torch [TorchOptions.compile=True]"
+  header, rows = tables.table1([mtf, eager, compiled])
+  ratios = {row[7]: dict(zip(header, row))["vs mtf"] for row in rows}
+  assert ratios == {"mtf": "1.00x", "torch": "1.20x",
+                    "torch [TorchOptions.compile=True]": "1.50x"}
+  assert tables.train_key(eager) != tables.train_key(compiled)  # --compare apart too
+
+
 def test_peak_lines_list_each_distinct_peak_once():
   host = ("measured: jax 2048x2048 float32 matmul on the host CPU (2 cores) = {} GFLOP/s, "
           "shared by 1 virtual device(s)")
@@ -392,6 +408,18 @@ def test_compare_names_a_changed_cache_outcome_and_skips_records_without_startup
            if k not in ("build_s", "warmup_s")}   # a record from before the fields
   _, rows, _ = compare.compare([older], [_started(3.0, 7.0, "n")])
   assert [row[1] for row in rows] == ["tokens/s"]
+
+
+def test_compare_does_not_judge_startup_over_other_warmup_steps():
+  _, rows, _ = compare.compare([_started(3.0, 7.0, "o", warmup_steps=2)],
+                               [_started(3.0, 30.0, "n", warmup_steps=5)])
+  assert rows[1][-1] == "startup not judged: warmup steps differ (old [2], new [5])"
+
+
+def test_table1_startup_says_mixed_where_hits_and_misses_meet():
+  header, rows = tables.table1([_started(3.0, 7.0, "a", cache="hit"),
+                                _started(9.0, 12.0, "b", cache="miss")])
+  assert dict(zip(header, rows[0]))["startup (s): build + warmup"] == "6.0 + 9.5 mixed"
 
 
 def test_console_table_shows_startup_beside_tokens_per_second():

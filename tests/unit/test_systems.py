@@ -52,14 +52,32 @@ def test_strategy_checks_are_the_systems_own():
   systems.check_strategy("mtf", "local", model_parallel)
 
 
-def test_scanned_layers_are_the_jax_adapters_alone():
+def test_scanned_layers_are_refused_by_systems_that_do_not_scan():
   scanned = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
   systems.check_strategy("jax", "local", scanned)
-  for name in ("mtf", "tf2"):
-    with pytest.raises(UsageError, match=r"^ModelConfig.scan_layers = True is the JAX "
-                       r"adapter's; drop the binding or use --system=jax$"):
+  able = [name for name in systems.REGISTRY
+          if getattr(systems.load(name), "scans_layers", False)]
+  assert able[:2] == ["jax", "pathways"]
+  for name in ("mtf", "tf2", "torch", "ray"):
+    with pytest.raises(UsageError, match=rf"^ModelConfig.scan_layers = True: --system="
+                       rf"{name} runs the layers one by one; drop the binding, or use "
+                       r"--system=jax or --system=pathways"):
       systems.check_strategy(name, "local", scanned)
     systems.check_strategy(name, "local", config.load_experiment(["t5_tiny"]))
+  # parity may set a scanned system beside unscanned ones: same arithmetic
+  systems.check_experiment("mtf", scanned)
+
+
+def test_variant_names_non_default_options_and_scanned_layers():
+  plain = config.load_experiment(["t5_tiny"], [], systems.options("torch"))
+  assert systems.variant("torch", plain) is None
+  compiled = config.load_experiment(["t5_tiny"], ["TorchOptions.compile = True"],
+                                    systems.options("torch"))
+  assert systems.variant("torch", compiled) == "TorchOptions.compile=True"
+  assert "TorchOptions.compile = True" in compiled.operative_config  # recorded config
+  scanned = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
+  assert systems.variant("jax", scanned) == "ModelConfig.scan_layers=True"
+  assert systems.caveat("jax") is None and "never run" in systems.caveat("pathways")
 
 
 def test_a_plugin_never_replaces_a_built_in_system(tmp_path):

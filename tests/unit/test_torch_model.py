@@ -179,12 +179,9 @@ def test_system_is_registered_and_data_parallel_only():
 
 
 def test_scan_layers_is_refused_in_one_line():
-  experiment = _experiment("t5_tiny")
-  if not hasattr(experiment.model, "scan_layers"):
-    pytest.skip("ModelConfig has no scan_layers field")
   experiment = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
   with pytest.raises(UsageError, match="scan_layers") as raised:
-    systems.load("torch").check(experiment, "local")
+    systems.check_strategy("torch", "local", experiment)
   assert "\n" not in str(raised.value)
 
 

@@ -67,7 +67,7 @@ def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
 # without a hit (JAX's cache_misses event counts only entries written).
 CACHE_REQUEST_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-# The cache's bound, where filelock is installed: JAX then evicts the least recently
+# The cache's bound; with filelock (the jax extra's) JAX evicts the least recently
 # used entries beyond it and locks each read and write, so the processes of a launch
 # (or two runs) never read an entry another is still writing.
 CACHE_MAX_BYTES = 8 * 2 ** 30
@@ -113,11 +113,8 @@ class JaxRuntime:
       jax.config.update("jax_compilation_cache_dir", path)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
       jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # every size
-      try:
-        import filelock  # noqa: F401: JAX locks and evicts with it
-        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
-      except ImportError:
-        pass  # unbounded and unlocked, as JAX keeps it by default
+      import filelock  # noqa: F401: JAX locks and evicts with it (the jax extra's)
+      jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     with self._lock:
       first = self._cache_events is None
       self._cache_events = {CACHE_REQUEST_EVENT: 0, CACHE_HIT_EVENT: 0}

@@ -13,14 +13,13 @@ is loopback, and ray.init turns _node_ip_address="127.0.0.1" into the machine's
 routable address unless Ray's "cluster mode" is off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
 =0, read when ray is imported), so a private cluster switches it off around
 ray.init. gloo is pinned to the loopback interface, its rendezvous store to a
-listener on 127.0.0.1 (listen_loopback, join_group).
+listener on 127.0.0.1 (listen_for_rendezvous, join_group).
 
 Ray, torch and psutil (Ray's vendored copy) are imported only inside the functions.
 """
 
 import contextlib
 import dataclasses
-import datetime
 import os
 import shutil
 import socket
@@ -129,7 +128,7 @@ def get(ray, refs, deadline: Deadline, what):
     raise TimeoutError(late) from e
 
 
-def listen_loopback(host: str = "127.0.0.1") -> socket.socket:
+def listen_for_rendezvous(host: str = "127.0.0.1") -> socket.socket:
   """Rank 0's rendezvous listener, bound now (no port race): on 127.0.0.1 unless a
   joined cluster's actors on other nodes must reach it (host: this node's address)."""
   listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -141,22 +140,11 @@ def listen_loopback(host: str = "127.0.0.1") -> socket.socket:
 def join_group(rank: int, world_size: int, port: int, timeout_s: float,
                listener: Optional[socket.socket] = None, backend: str = "gloo",
                host: str = "127.0.0.1") -> None:
-  """torch.distributed's group: rendezvous at tcp://host:port (rank 0's listener),
-  gloo (or NCCL's bootstrap) on loopback where host is."""
-  import psutil  # Ray's vendored copy
-  import torch.distributed as dist
-  loopback = loopback_interface(psutil) if host == "127.0.0.1" else None
-  if loopback:  # else: the hostname's address
-    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
-    os.environ[variable] = loopback
-  timeout = datetime.timedelta(seconds=timeout_s)
-  # What init_method="tcp://127.0.0.1:port" builds, but the server keeps the
-  # listener bound by listen_loopback: torch's own would listen on every interface.
-  store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
-                        timeout=timeout,
-                        master_listen_fd=listener.fileno() if listener else None)
-  dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                          timeout=timeout)
+  """The actors' torch.distributed group, rendezvous at host:port (rank 0's listener;
+  torch_runtime.join_group: sockets on loopback where host is)."""
+  from tf_tput.frameworks import torch_runtime
+  torch_runtime.join_group(host, port, rank, world_size, backend, timeout_s,
+                           listener.fileno() if listener else None)
 
 
 @contextlib.contextmanager
@@ -176,13 +164,6 @@ def loopback_env():
         os.environ.pop(k, None)
       else:
         os.environ[k] = v
-
-
-def loopback_interface(psutil):
-  for name, addresses in psutil.net_if_addrs().items():
-    if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
-      return name
-  return None
 
 
 def _address(context) -> str:

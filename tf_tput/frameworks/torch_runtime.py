@@ -45,14 +45,37 @@ def host_cores() -> int:
     return os.cpu_count() or 1
 
 
+# A collective's limit, once the group has formed: torch's default for gloo. A step
+# may take minutes (the first under torch.compile); joining has its own limit.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
+               join_timeout_s: float, listen_fd: Optional[int] = None) -> None:
+  """torch.distributed's process group over a TCPStore at host:port that rank 0
+  serves on `listen_fd`, a socket already bound to host alone (torch's own listener
+  would take every interface). Where host is loopback, gloo's and NCCL's sockets are
+  pinned to the loopback interface too. The store waits join_timeout_s for every
+  rank; torch's error then says "timed out"."""
+  if host.startswith("127."):
+    interface = loopback_interface()
+    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    if interface and variable not in os.environ:
+      os.environ[variable] = interface
+  import torch.distributed as dist
+  store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                        timeout=datetime.timedelta(seconds=join_timeout_s),
+                        wait_for_workers=True, master_listen_fd=listen_fd)
+  dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                          timeout=COLLECTIVE_TIMEOUT)
+
+
 def join_processes(dist, coordinator: str, num_processes: int, process_id: int,
                    backend: str, timeout_s: float) -> None:
-  """torch.distributed.init_process_group over a TCPStore at `coordinator` (process 0
-  serves it), failing after timeout_s with a TimeoutError that names the coordinator
-  and the flag when a process never joins. The store's listener is bound here to the
-  coordinator's address only: torch's own would listen on every interface."""
+  """The launched processes' group at `coordinator` (process 0 serves it), failing
+  after timeout_s with a TimeoutError that names the coordinator and the flag when a
+  process never joins."""
   host, port = coordinator.rsplit(":", 1)
-  timeout = datetime.timedelta(seconds=timeout_s)
   listen_fd = None
   if process_id == 0:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
@@ -60,16 +83,8 @@ def join_processes(dist, coordinator: str, num_processes: int, process_id: int,
       listener.bind((host, int(port)))
       listener.listen(num_processes)
       listen_fd = listener.detach()  # the store owns it from here on
-  if backend == "gloo":
-    interface = loopback_interface() if host.startswith("127.") else None
-    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
-      os.environ["GLOO_SOCKET_IFNAME"] = interface
   try:
-    store = dist.TCPStore(host, int(port), num_processes, is_master=process_id == 0,
-                          timeout=timeout, wait_for_workers=True,
-                          master_listen_fd=listen_fd)
-    dist.init_process_group(backend, store=store, rank=process_id,
-                            world_size=num_processes, timeout=timeout)
+    join_group(host, int(port), process_id, num_processes, backend, timeout_s, listen_fd)
   except (RuntimeError, dist.DistError) as e:
     if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
       raise

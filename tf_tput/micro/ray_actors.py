@@ -64,7 +64,7 @@ class Host:
 
   def listen(self) -> int:
     """Rank 0: the rendezvous port, already listening on 127.0.0.1 (no port race)."""
-    self._listener = ray_cluster.listen_loopback()
+    self._listener = ray_cluster.listen_for_rendezvous()
     return self._listener.getsockname()[1]
 
   def join(self, port: int, timeout_s: float) -> None:

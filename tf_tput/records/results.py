@@ -28,6 +28,12 @@ FIELDS = {
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
     "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
     "dtype": str, "embedding": str,
+    # How the system ran the config beyond its arithmetic (systems.variant: its
+    # options' non-default values, scanned layers); None: its default way.
+    "variant": _OPT_STR,
+    # What the system says a reader must know of this run (systems.caveat: e.g. a path
+    # tf_tput never exercised); None: nothing.
+    "caveat": _OPT_STR,
     # A pipeline (tf_tput/pipeline.py): 1 stage, 1 micro-batch and schedule None when
     # there is none; bubble_fraction is the theoretical (S-1)/(M+S-1).
     "pipeline_stages": int, "micro_batches": int, "schedule": _OPT_STR,
@@ -89,7 +95,7 @@ LATER_FIELDS = {
              "micro_batches", "schedule", "bubble_fraction", "islands",
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
              "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
-             "warmup_s", "compilation_cache"),
+             "warmup_s", "compilation_cache", "variant", "caveat"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

@@ -41,7 +41,8 @@ def _read(paths: list, flag: str) -> tuple:
   """(train records, micro records, sources, problems) of every file. A record whose
   run_id was read before (a file named twice, records copied between files) is
   dropped, so no run counts twice; sources say how many: (path, train, micro,
-  dropped)."""
+  dropped). A train record run in a variant of its system is reported as a system of
+  its own (tables.variant_as_system)."""
   train, micro, sources, problems, seen = [], [], [], [], set()
   for path in paths:
     if not os.path.isfile(path):
@@ -57,7 +58,7 @@ def _read(paths: list, flag: str) -> tuple:
     if dropped:
       print(f"warning: {path}: dropped {dropped} record(s) whose run_id was already "
             "read (the same run counts once)", file=sys.stderr)
-    t = [r for r in new if r["schema"] == results.SCHEMA]
+    t = [tables.variant_as_system(r) for r in new if r["schema"] == results.SCHEMA]
     m = [r for r in new if r["schema"] == results.MICRO_SCHEMA]
     train, micro = train + t, micro + m
     sources.append((path, len(t), len(m), dropped))

@@ -11,14 +11,13 @@ is "undetermined" instead.
 
 Startup (tables.startup_s: build + warmup seconds) is judged too, in its own rows and
 words. Each run gives one figure, so its band is the runs' range widened by
-STARTUP_NOISE on each side: one run's startup is never flagged for less than a
+STARTUP_SPREAD on each side: one run's startup is never flagged for less than a
 change of about half, the range of identical runs on a shared 2-core machine. A
 change in the compilation cache's outcome (a hit against a miss) is named beside
 the verdict: it moves startup by itself.
 """
 
 import statistics
-
 
 from tf_tput.records import results
 from tf_tput.report import tables
@@ -99,7 +98,11 @@ def _startup_row(key, old_runs: list, new_runs: list):
   o, n = startup_band(old_runs), startup_band(new_runs)
   if o is None or n is None:
     return None
-  verdict = startup_verdict(o, n)
+  warmups = [sorted({r["warmup_steps"] for r in runs}) for runs in (old_runs, new_runs)]
+  if warmups[0] != warmups[1] or len(warmups[0]) > 1:  # warmup_s counts those steps
+    verdict = f"startup not judged: warmup steps differ (old {warmups[0]}, new {warmups[1]})"
+  else:
+    verdict = startup_verdict(o, n)
   old_cache, new_cache = _cache_outcomes(old_runs), _cache_outcomes(new_runs)
   if old_cache != new_cache:
     verdict += f" (compilation cache: old {old_cache}, new {new_cache})"

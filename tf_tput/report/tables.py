@@ -31,6 +31,16 @@ CONFIG_KEYS = ("model", "dtype", "embedding", "mesh_shape", "layout", "num_devic
 ABSENT_MEANS = {"sync_every": 1, "pipeline_stages": 1, "micro_batches": 1}
 
 
+def variant_as_system(r: dict) -> dict:
+  """A record run in a variant of its system (its `variant`: non-default options,
+  scanned layers) as a system of its own, "torch [TorchOptions.compile=True]": every
+  table, plot and --compare then gives it its own row and band, and its ratio to the
+  baseline on the same configuration (a variant keeps the arithmetic)."""
+  if not r.get("variant"):
+    return r
+  return {**r, "system": f"{r['system']} [{r['variant']}]"}
+
+
 def config_key(r: dict) -> tuple:
   return tuple(r.get(k, ABSENT_MEANS.get(k)) for k in CONFIG_KEYS)
 
@@ -92,11 +102,18 @@ def startup_s(r: dict):
 
 
 def startup_cell(build_s, warmup_s, cache=None) -> str:
-  """'build + warmup' seconds, with the compilation cache's hit or miss."""
+  """'build + warmup' seconds, with the compilation cache's hit, miss or mixed."""
   if build_s is None or warmup_s is None:
     return "-"
-  return f"{build_s:.1f} + {warmup_s:.1f}" + (f" {cache}" if cache in ("hit", "miss")
-                                              else "")
+  return f"{build_s:.1f} + {warmup_s:.1f}" + (
+      f" {cache}" if cache in ("hit", "miss", "mixed") else "")
+
+
+def _cache_outcome(runs: list):
+  """The runs' compilation cache outcome: theirs where they agree, "mixed" where some
+  hit and some missed (a median over both is neither a cold nor a warm start)."""
+  outcomes = {r.get("compilation_cache") for r in runs}
+  return outcomes.pop() if len(outcomes) == 1 else "mixed"
 
 
 def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
@@ -307,7 +324,8 @@ def table1(records: list) -> tuple:
           f"{100 * statistics.median(mfus):.1f}%" if mfus else "–",
           f"{median / base:.2f}x" if base else "–",
           startup_cell(statistics.median(r["build_s"] for r in started),
-                       statistics.median(r["warmup_s"] for r in started))
+                       statistics.median(r["warmup_s"] for r in started),
+                       _cache_outcome(started))
           if started else "–"] + pub_cells)
   return header, rows
 

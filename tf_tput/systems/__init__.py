@@ -32,6 +32,9 @@
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
+Optional System attributes: `options`, gin configurables saying how it runs
+(options()); `scans_layers`, True where it honours ModelConfig.scan_layers (others
+refuse it, check_experiment); `caveat`, text every record of it carries (caveat()).
 An optional Trainer method trace_step(batch, path) -> text runs one more step under
 the framework's trace, writes it to path and says where the time went (--trace_dir).
 An optional Trainer method dispatch(batch) -> pending loss (float() of it waits for
@@ -53,6 +56,7 @@ module an installed distribution names under the entry-point group "tf_tput.syst
 (docs/extending.md).
 """
 
+import dataclasses
 import importlib
 import importlib.metadata
 from typing import Optional, Protocol
@@ -153,6 +157,27 @@ def options(*names: str) -> tuple:
   return tuple(dict.fromkeys(c for name in names for c in getattr(load(name), "options", ())))
 
 
+def variant(name: str, experiment) -> Optional[str]:
+  """How the run differs from the system's default way of computing the config's
+  arithmetic, as bindings (the record's `variant`): its options' values that are not
+  their defaults, and scanned layers; None for the default way. Read while the
+  run's gin config is the parsed one."""
+  bound = []
+  for configurable in options(name):
+    chosen = configurable()
+    bound += [f"{configurable.__name__}.{f.name}={getattr(chosen, f.name)!r}"
+              for f in dataclasses.fields(chosen) if getattr(chosen, f.name) != f.default]
+  if experiment.model.scan_layers:
+    bound.append("ModelConfig.scan_layers=True")
+  return ", ".join(bound) or None
+
+
+def caveat(name: str) -> Optional[str]:
+  """What the system says every record of it must tell a reader (e.g. that tf_tput
+  never exercised its path); None when nothing."""
+  return getattr(load(name), "caveat", None)
+
+
 def check_experiment(name: str, experiment) -> None:
   """What the config asks of the system that it cannot do, as one UsageError."""
   system = load(name)
@@ -171,6 +196,13 @@ def check_strategy(name: str, strategy: str, experiment,
   """What --strategy asks of the system and the config, checked the same way by
   tf_tput.train and a suite's validation (the environment's part is the runtime's)."""
   system = load(name)
+  # Here, not in check_experiment: tf_tput.parity compares a scanned system with
+  # unscanned ones (scanning keeps the arithmetic), train and suites refuse it.
+  if experiment.model.scan_layers and not getattr(system, "scans_layers", False):
+    able = [other for other in REGISTRY if getattr(load(other), "scans_layers", False)]
+    raise UsageError(f"ModelConfig.scan_layers = True: --system={name} runs the layers "
+                     f"one by one; drop the binding, or use --system="
+                     f"{' or --system='.join(able)}")
   if strategy not in system.strategies:
     raise UsageError(f"--strategy={strategy} is not one --system={name} runs under; "
                      f"it runs under {', '.join(system.strategies)}" + (

@@ -22,6 +22,7 @@ class JaxSystem:
   islands = ("data", "pipeline")  # data parallel across and inside --islands
   # (jax_islands.py), or a pipeline's stages split across them (jax_pipeline.py)
   traces = ()
+  scans_layers = True    # ModelConfig.scan_layers: lax.scan over each stack (jax_model)
 
   def check(self, experiment, strategy: str) -> None:
     """Every mesh and strategy it lists trains (config.validate checks the mesh)."""

@@ -32,10 +32,6 @@ class MtfSystem:
   traces = ("local", "multi_worker")  # a Session step under TF's full trace
 
   def check(self, experiment, strategy: str) -> None:
-    if experiment.model.scan_layers:  # mtf's LayerStack is a Python loop of layers
-      raise errors.UsageError(
-          "ModelConfig.scan_layers = True is the JAX adapter's; drop the binding or use "
-          "--system=jax")
     if strategy == "tpu" and experiment.pipelined:  # the TPU program is one SIMD mesh
       raise errors.UsageError(
           f"--strategy=tpu (mtf's SIMD mesh) does not pipeline; PipelineConfig.stages = "

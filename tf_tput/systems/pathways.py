@@ -21,6 +21,7 @@ class PathwaysSystem(jax_adapter.JaxSystem):
   strategies = ("local",)  # the cluster's devices, seen as this process's own
   islands = ()  # tf_tput.launch --islands starts processes; a cluster's slices are
   # Pathways' own to join
+  caveat = pathways_runtime.NEVER_RUN  # in every record it writes
 
 
 SYSTEM = PathwaysSystem()

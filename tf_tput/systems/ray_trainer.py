@@ -48,7 +48,7 @@ class TrainerActor:
     import ray
     from tf_tput.frameworks import ray_cluster
     host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
-    self._listener = ray_cluster.listen_loopback(host)
+    self._listener = ray_cluster.listen_for_rendezvous(host)
     return host, self._listener.getsockname()[1]
 
   def join(self, host: str, port: int, timeout_s: float) -> None:
@@ -92,8 +92,9 @@ class RayTrainer:
     deadline = ray_cluster.Deadline.after(
         timeout_s, where=f"the Ray cluster at {self._cluster.address}",
         flag="--cluster_timeout_s")
-    # Private cluster: the actors share this host's cores evenly (as launched torch
-    # processes do); a joined cluster's nodes are the user's to size.
+    # The actors share this host's cores evenly, as launched torch processes do. In a
+    # joined cluster (not exercised here) that is the driver's host's count, which
+    # assumes nodes like it.
     threads = max(1, torch_runtime.host_cores() // count) if not gpu else 1
     actor = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)(TrainerActor)
     try:

@@ -178,9 +178,6 @@ class Tf2System:
   traces = ()
 
   def check(self, experiment, strategy: str) -> None:
-    if experiment.model.scan_layers:  # tf2_model builds its layers in a Python loop
-      raise UsageError("ModelConfig.scan_layers = True is the JAX adapter's; drop the "
-                       "binding or use --system=jax")
     check_mesh(experiment)  # strategies replicate: a data-parallel mesh only
 
   def build(self, experiment, topology) -> Tf2Trainer:

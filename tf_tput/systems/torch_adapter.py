@@ -46,6 +46,21 @@ def chosen_options() -> TorchOptions:
   return chosen
 
 
+def check_data_parallel(system: str, experiment, holder: str) -> None:
+  """A mesh axis that does not split the batch is model parallelism, which a system
+  whose every `holder` (process, actor) holds every variable cannot train."""
+  batch_axis = experiment.layout.get("batch")
+  other = {axis: size for axis, size in experiment.mesh_shape.items()
+           if size > 1 and axis != batch_axis}
+  if other:
+    axes = ";".join(f"{axis}:{size}" for axis, size in other.items())
+    raise UsageError(
+        f"--system={system} is data parallel only ({holder} holds every variable) but "
+        f"mesh {experiment.mesh.mesh_shape!r} has {axes} beyond the batch axis; use a "
+        f"batch-only mesh such as 'batch:{experiment.num_devices}', or for a model axis "
+        "use --system=mtf or --system=jax")
+
+
 class TorchSystem:
   name = "torch"
   runtime = torch_runtime.RUNTIME
@@ -60,22 +75,8 @@ class TorchSystem:
   options = (TorchOptions,)  # bound in gin, recorded in the config (systems.options)
 
   def check(self, experiment, strategy: str) -> None:
-    """A batch mesh only (a mesh axis that does not split the batch is model
-    parallelism), no scanned layers; TorchOptions checked."""
-    batch_axis = experiment.layout.get("batch")
-    other = {axis: size for axis, size in experiment.mesh_shape.items()
-             if size > 1 and axis != batch_axis}
-    if other:
-      axes = ";".join(f"{axis}:{size}" for axis, size in other.items())
-      raise UsageError(
-          f"--system=torch is data parallel only (every process holds every variable) "
-          f"but mesh {experiment.mesh.mesh_shape!r} has {axes} beyond the batch axis; "
-          f"use a batch-only mesh such as 'batch:{experiment.num_devices}', or for a "
-          "model axis use --system=mtf or --system=jax")
-    if getattr(experiment.model, "scan_layers", False):
-      raise UsageError("ModelConfig.scan_layers = True is the JAX adapter's (one "
-                       "jax.lax.scan per stack); --system=torch runs the layers one by "
-                       "one: drop the binding")
+    """A batch mesh only; TorchOptions checked."""
+    check_data_parallel(self.name, experiment, "every process")
     chosen_options()
 
   def build(self, experiment, topology):
