@@ -178,6 +178,22 @@ def caveat(name: str) -> Optional[str]:
   return getattr(load(name), "caveat", None)
 
 
+def check_data_parallel(name: str, experiment, why: str) -> None:
+  """For a system that holds every variable on every device (`why` says how): a mesh
+  axis of size > 1 that does not split the batch is model parallelism, refused in
+  one UsageError line naming the systems that have it."""
+  batch_axis = experiment.layout.get("batch")
+  other = {axis: size for axis, size in experiment.mesh_shape.items()
+           if size > 1 and axis != batch_axis}
+  if other:
+    axes = ";".join(f"{axis}:{size}" for axis, size in other.items())
+    raise UsageError(
+        f"--system={name} is data parallel only ({why}) but mesh "
+        f"{experiment.mesh.mesh_shape!r} has {axes} beyond the batch axis; use a "
+        f"batch-only mesh such as 'batch:{experiment.num_devices}', or --system=mtf "
+        "or --system=jax for model parallelism")
+
+
 def check_experiment(name: str, experiment) -> None:
   """What the config asks of the system that it cannot do, as one UsageError."""
   system = load(name)

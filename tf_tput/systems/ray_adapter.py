@@ -8,6 +8,7 @@ frameworks/ray_runtime.py's: a private one on loopback, or the one RAY_ADDRESS n
 Data parallel only: a `batch:N` mesh over N actors. A model axis is mtf's or jax's.
 """
 
+from tf_tput import systems
 from tf_tput.frameworks import ray_runtime
 from tf_tput.systems import torch_adapter
 
@@ -27,7 +28,8 @@ class RaySystem:
 
   def check(self, experiment, strategy: str) -> None:
     """A batch mesh only; the actors' TorchOptions checked."""
-    torch_adapter.check_data_parallel(self.name, experiment, "each actor")
+    systems.check_data_parallel(self.name, experiment,
+                                "each actor holds every variable")
     torch_adapter.chosen_options()
 
   def build(self, experiment, topology):

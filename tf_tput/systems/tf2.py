@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from tf_tput import models
+from tf_tput import models, systems
 from tf_tput.errors import UsageError
 from tf_tput.frameworks import tf_runtime
 
@@ -41,18 +41,9 @@ def num_replicas(experiment) -> int:
 
 
 def check_mesh(experiment) -> None:
-  """A mesh axis of size > 1 that does not split the batch is model parallelism,
-  which a strategy cannot do: one UsageError line."""
-  batch_axis = replica_axis(experiment)
-  other = {axis: size for axis, size in experiment.mesh_shape.items()
-           if size > 1 and axis != batch_axis}
-  if other:
-    axes = ";".join(f"{axis}:{size}" for axis, size in other.items())
-    raise UsageError(
-        f"--system=tf2 is data parallel only (tf.distribute strategies replicate every "
-        f"variable) but mesh {experiment.mesh.mesh_shape!r} has {axes} beyond the batch "
-        f"axis; use a batch-only mesh such as 'batch:{experiment.num_devices}', or "
-        "--system=mtf or --system=jax for model parallelism")
+  """Strategies replicate: a data-parallel mesh only (one UsageError line)."""
+  systems.check_data_parallel("tf2", experiment,
+                              "tf.distribute strategies replicate every variable")
 
 
 class Tf2Trainer:

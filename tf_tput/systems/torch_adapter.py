@@ -18,6 +18,7 @@ import shutil
 
 import gin
 
+from tf_tput import systems
 from tf_tput.errors import UsageError
 from tf_tput.frameworks import torch_runtime
 
@@ -46,21 +47,6 @@ def chosen_options() -> TorchOptions:
   return chosen
 
 
-def check_data_parallel(system: str, experiment, holder: str) -> None:
-  """A mesh axis that does not split the batch is model parallelism, which a system
-  whose every `holder` (process, actor) holds every variable cannot train."""
-  batch_axis = experiment.layout.get("batch")
-  other = {axis: size for axis, size in experiment.mesh_shape.items()
-           if size > 1 and axis != batch_axis}
-  if other:
-    axes = ";".join(f"{axis}:{size}" for axis, size in other.items())
-    raise UsageError(
-        f"--system={system} is data parallel only ({holder} holds every variable) but "
-        f"mesh {experiment.mesh.mesh_shape!r} has {axes} beyond the batch axis; use a "
-        f"batch-only mesh such as 'batch:{experiment.num_devices}', or for a model axis "
-        "use --system=mtf or --system=jax")
-
-
 class TorchSystem:
   name = "torch"
   runtime = torch_runtime.RUNTIME
@@ -76,7 +62,8 @@ class TorchSystem:
 
   def check(self, experiment, strategy: str) -> None:
     """A batch mesh only; TorchOptions checked."""
-    check_data_parallel(self.name, experiment, "every process")
+    systems.check_data_parallel(self.name, experiment,
+                                "every process holds every variable")
     chosen_options()
 
   def build(self, experiment, topology):
