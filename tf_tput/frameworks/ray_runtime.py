@@ -16,8 +16,8 @@ exits (atexit), with every process it started.
 
 The peak probe's matmul is torch's (frameworks/torch_runtime.py), run in the driver
 on this host's CPU: the actors of a private cluster share those cores (a joined
-cluster's may run elsewhere; its CPU peak is still this host's). There is one controller: the barrier waits for
-nobody, and there are no worker servers to launch.
+cluster's may run elsewhere; its CPU peak is still this host's). There is one
+controller: the barrier waits for nobody, and there are no worker servers to launch.
 """
 
 import atexit
