@@ -21,7 +21,8 @@ import sys
 from absl import app
 from absl import flags
 
-from tf_tput import config, data, models
+from tf_tput import config, data, errors, models
+from tf_tput.errors import UsageError
 from tf_tput.measure import loop, metrics
 
 FLAGS = flags.FLAGS
@@ -72,20 +73,25 @@ class HfT5Trainer:
     self._model = self._optimizer = None
 
 
-def main(argv) -> int:
-  del argv
-  import torch
-  if FLAGS.threads:
-    torch.set_num_threads(FLAGS.threads)
+def run() -> int:
+  for name in ("global_batch", "steps", "warmup_steps", "threads"):
+    if FLAGS[name].value is not None and FLAGS[name].value < 1:
+      raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
   bindings = list(FLAGS.gin_param) + [
       f"TrainConfig.global_batch = {FLAGS.global_batch}",
       f"TrainConfig.steps = {FLAGS.steps}", f"TrainConfig.warmup_steps = {FLAGS.warmup_steps}"]
   experiment = config.load_experiment(FLAGS.gin_file, bindings)
   m = experiment.model
   if m.arch != "encoder_decoder" or m.activation_dtype != "float32":
-    print(f"error: {m.name} ({m.arch}, {m.activation_dtype}): this reference is T5 "
-          "(encoder_decoder) in float32; pass a T5 gin file", file=sys.stderr)
-    return 2
+    raise UsageError(f"{m.name} ({m.arch}, {m.activation_dtype}): this reference is T5 "
+                     "(encoder_decoder) in float32; pass a T5 gin file")
+  try:
+    import torch
+    import transformers  # noqa: F401
+  except ImportError as e:
+    raise UsageError(f"{e.name} is not installed: pip install -e '.[compare]'") from None
+  if FLAGS.threads:
+    torch.set_num_threads(FLAGS.threads)
   trainer = HfT5Trainer(m)
   measurement = loop.run(trainer, data.batches(experiment), FLAGS.steps, FLAGS.warmup_steps)
   summary = metrics.summarize(measurement, experiment, 1, None)
@@ -97,6 +103,10 @@ def main(argv) -> int:
         f"step time median {summary['step_time_s']['median']:.4f}s, final loss "
         f"{measurement.losses[-1]:.4f}")
   return 0
+
+
+def main(argv) -> int:
+  return errors.run_entry_point(run, argv)
 
 
 if __name__ == "__main__":

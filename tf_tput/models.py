@@ -52,14 +52,35 @@ def _attention(prefix: str, m: ModelConfig, relative_bias: bool) -> list:
   return out
 
 
+def sublayers(with_enc_dec_attention: bool) -> list:
+  """The layers of one block, in order (defaults.gin's layer stack): every system's
+  model runs them so, and their variables are named after them."""
+  return (["SelfAttention"] + (["EncDecAttention"] if with_enc_dec_attention else [])
+          + ["DenseReluDense"])
+
+
+def block_name(stack: str, block: int) -> str:
+  """A block's variable-name prefix, as mtf names it: "encoder/block_003"."""
+  return f"{stack}/block_{block:03d}"
+
+
+def layer_name(index: int) -> str:
+  """A layer's name inside its block, as mtf names it: "layer_001"."""
+  return f"layer_{index:03d}"
+
+
+def relative_bias_name(stack: str) -> str:
+  """The stack's one relative attention bias ("bias_shared"): created by its first
+  block's SelfAttention, read by every layer."""
+  return f"{block_name(stack, 0)}/{layer_name(0)}/SelfAttention/relative_attention_bias"
+
+
 def _stack(stack: str, m: ModelConfig, with_enc_dec_attention: bool) -> list:
   d = ("d_model", m.d_model)
   out = []
   for block in range(m.num_layers):
-    sublayers = ["SelfAttention"] + (["EncDecAttention"] if with_enc_dec_attention else [])
-    sublayers.append("DenseReluDense")
-    for index, kind in enumerate(sublayers):
-      prefix = f"{stack}/block_{block:03d}/layer_{index:03d}"
+    for index, kind in enumerate(sublayers(with_enc_dec_attention)):
+      prefix = f"{block_name(stack, block)}/{layer_name(index)}"
       out.append(Variable(f"{prefix}/rms_norm/scale", (d,)))
       if kind == "DenseReluDense":
         out.append(Variable(f"{prefix}/{kind}/wi/kernel", (d, ("d_ff", m.d_ff))))

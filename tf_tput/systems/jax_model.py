@@ -141,7 +141,7 @@ def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
   buckets = relative_position_bucket(
       relative_position, bidirectional=not causal,
       num_buckets=m.relative_attention_num_buckets)
-  values = p[f"{stack}/block_000/layer_000/SelfAttention/relative_attention_bias"]
+  values = p[models.relative_bias_name(stack)]
   if m.embedding == "one_hot":  # mtf.gather: one_hot(buckets) @ values, per layer in mtf
     one_hot = jax.nn.one_hot(buckets, values.shape[1], dtype=values.dtype)
     return bias + jnp.einsum("lmb,hb->hlm", one_hot, values)[None]
@@ -154,7 +154,7 @@ def _block(w, x, kinds, nonpadding, self_bias, encoder_output, enc_dec_bias, m,
   (sublayer_call_layer masks the layer's input), the layer, residual. w: the block's
   weights by their name inside block_NNN ("layer_000/SelfAttention/q")."""
   for index, kind in enumerate(kinds):
-    prefix = f"layer_{index:03d}"
+    prefix = models.layer_name(index)
     h = _rms_norm(x, w[f"{prefix}/rms_norm/scale"]) * nonpadding
     if kind == "SelfAttention":
       h = _attention(w, f"{prefix}/{kind}", h, h, self_bias, m, constrain)
@@ -171,11 +171,11 @@ def _stacked_blocks(p, stack, m, constrain):
   by its name inside block_NNN. The shared relative bias (block_000's only) is left
   out: _self_attention_bias reads it once for the stack. Each stacked weight keeps its
   variable's layout sharding, the new layer axis unsharded."""
-  first = f"{stack}/block_000/"
-  shared_bias = f"{first}layer_000/SelfAttention/relative_attention_bias"
+  first = f"{models.block_name(stack, 0)}/"
+  shared_bias = models.relative_bias_name(stack)
   dims = {v.name: [n for n, _ in v.dims] for v in models.variables(m)}
   return {name[len(first):]: constrain(
-      jnp.stack([p[f"{stack}/block_{b:03d}/{name[len(first):]}"]
+      jnp.stack([p[f"{models.block_name(stack, b)}/{name[len(first):]}"]
                  for b in range(m.num_layers)]), ("layers", *dims[name]))
           for name in p if name.startswith(first) and name != shared_bias}
 
@@ -196,8 +196,7 @@ def _stack(p, stack, x, sequence_id, m, constrain, causal,
   if encoder_output is not None:   # transformer_layers.enc_dec_attention_bias
     enc_dec_bias = _mask_bias(
         sequence_id[:, :, None] == encoder_sequence_id[:, None, :], dtype)[:, None]
-  kinds = ["SelfAttention"] + (["EncDecAttention"] if encoder_output is not None else [])
-  kinds.append("DenseReluDense")
+  kinds = models.sublayers(with_enc_dec_attention=encoder_output is not None)
   block = functools.partial(
       _block, kinds=kinds, nonpadding=nonpadding, self_bias=self_bias,
       encoder_output=encoder_output, enc_dec_bias=enc_dec_bias, m=m, constrain=constrain)
@@ -206,7 +205,7 @@ def _stack(p, stack, x, sequence_id, m, constrain, causal,
                         _stacked_blocks(p, stack, m, constrain))
   else:
     for b in range(m.num_layers):
-      prefix = f"{stack}/block_{b:03d}/"
+      prefix = f"{models.block_name(stack, b)}/"
       block_weights = {name[len(prefix):]: value for name, value in p.items()
                        if name.startswith(prefix)}
       x = block(block_weights, x)

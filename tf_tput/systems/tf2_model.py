@@ -123,7 +123,7 @@ def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):
   buckets = relative_position_bucket(
       relative_position, bidirectional=not causal,
       num_buckets=m.relative_attention_num_buckets)
-  values = p[f"{stack}/block_000/layer_000/SelfAttention/relative_attention_bias"]
+  values = p[models.relative_bias_name(stack)]
   if m.embedding == "one_hot":  # mtf.gather: one_hot(buckets) @ values
     one_hot = tf.one_hot(buckets, values.shape[1], dtype=values.dtype)
     return bias + tf.einsum("lmb,hb->hlm", one_hot, values)[None]
@@ -140,11 +140,10 @@ def _stack(p, stack, x, sequence_id, m, causal, encoder_output=None,
   if encoder_output is not None:   # transformer_layers.enc_dec_attention_bias
     enc_dec_bias = _mask_bias(
         sequence_id[:, :, None] == encoder_sequence_id[:, None, :], dtype)[:, None]
-  kinds = ["SelfAttention"] + (["EncDecAttention"] if encoder_output is not None else [])
-  kinds.append("DenseReluDense")
+  kinds = models.sublayers(with_enc_dec_attention=encoder_output is not None)
   for block in range(m.num_layers):
     for index, kind in enumerate(kinds):
-      prefix = f"{stack}/block_{block:03d}/layer_{index:03d}"
+      prefix = f"{models.block_name(stack, block)}/{models.layer_name(index)}"
       h = _rms_norm(x, p[f"{prefix}/rms_norm/scale"]) * nonpadding
       if kind == "SelfAttention":
         h = _attention(p, f"{prefix}/{kind}", h, h, self_bias, m)
