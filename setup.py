@@ -1,9 +1,9 @@
 """tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
 
 Install for development with `pip install -e ".[test,jax,ray]"`; scripts/bench.sh and
-scripts/test.sh do it for you in .venv. The gin files (tf_tput/gin/: models, mesh,
-pipeline, suites) are package data, so a plain `pip install .` or a wheel ships them
-too (tests/e2e/test_wheel_install.py builds and installs one).
+scripts/test.sh do it for you in .venv. The gin files (gin/: models, mesh, pipeline,
+suites) go into the package as tf_tput/gin/, so a plain `pip install .` or a wheel
+ships them too (tests/e2e/test_wheel_install.py builds and installs one).
 """
 
 from setuptools import find_packages, setup
@@ -13,9 +13,11 @@ setup(
     version="0.1.0",
     description="Comparative training-throughput benchmarks: Mesh TensorFlow baseline "
                 "and other systems on the same gin-configured models",
-    packages=find_packages(include=["tf_tput", "tf_tput.*"]),
-    # gin/ has no __init__.py: its files ride along as data of the tf_tput package.
-    package_data={"tf_tput": ["gin/*/*.gin"]},
+    # gin/ (the checkout's top level) becomes tf_tput/gin/ in the wheel: a package
+    # without __init__.py whose files are its data; tf_tput/__init__.py finds either.
+    packages=find_packages(include=["tf_tput", "tf_tput.*"]) + ["tf_tput.gin"],
+    package_dir={"tf_tput.gin": "gin"},
+    package_data={"tf_tput.gin": ["*/*.gin"]},
     python_requires=">=3.10,<3.13",
     install_requires=[
         # tensorflow-cpu: CI and these machines have no accelerator. On a GPU host,

@@ -1,6 +1,6 @@
 """Experiment configuration: gin-configurable frozen dataclasses, validated early.
 
-Gin files under tf_tput/gin/ bind these classes and nothing else, so every system
+Gin files under gin/ bind these classes and nothing else, so every system
 reads the same model truth. Validation needs no ML framework: a wrong binding, a mesh
 that does not match the devices or a dimension its mesh axis does not divide fails in
 milliseconds, before TensorFlow or JAX start.
@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, PACKAGE_DIR
+from tf_tput import GIN_DIR, GIN_PARENT
 from tf_tput import errors, models, pipeline
 from tf_tput.errors import UsageError
 
@@ -171,11 +171,11 @@ GIN_FOLDERS = ("models", "mesh", "pipeline", "suites")
 
 def resolve_gin_file(name: str) -> pathlib.Path:
   """The gin file `name` names, the first of: the path as given (relative to the
-  current directory, or absolute); relative to the package directory (the legacy
-  gin/models/t5_small.gin, from any directory); under GIN_DIR (models/t5_small.gin);
+  current directory, or absolute); relative to GIN_PARENT (gin/models/t5_small.gin,
+  from any directory); under GIN_DIR (models/t5_small.gin);
   a bare file name, .gin optional (t5_small, s4_m16.gin), in one of GIN_FOLDERS.
   UsageError (one line) when nothing matches or a bare name is in several folders."""
-  for candidate in (pathlib.Path(name), PACKAGE_DIR / name, GIN_DIR / name):
+  for candidate in (pathlib.Path(name), GIN_PARENT / name, GIN_DIR / name):
     if candidate.is_file():
       return candidate.resolve()
   stem = name[:-len(".gin")] if name.endswith(".gin") else name
@@ -205,7 +205,7 @@ def quiet_include_probes():
   """gin probes each include (gin/models/t5_common.gin) as a Python-path resource
   (package `gin.models`: gin-config's own `gin`, which has none) before its search
   path and logs the miss at ERROR on the root logger: a stray line from any
-  directory, although the include is then found under PACKAGE_DIR. Silences them;
+  directory, although the include is then found under GIN_PARENT. Silences them;
   load_experiment parses inside it."""
   root = logging.getLogger()
   level = root.level
@@ -218,9 +218,56 @@ def quiet_include_probes():
 
 def add_gin_search_path() -> None:
   """Makes gin `include 'gin/models/t5_common.gin'` lines resolve from any directory:
-  against PACKAGE_DIR, once (gin.clear_config keeps search paths)."""
-  if str(PACKAGE_DIR) not in gin.config._LOCATION_PREFIXES:
-    gin.add_config_file_search_path(str(PACKAGE_DIR))
+  against GIN_PARENT, once (gin.clear_config keeps search paths)."""
+  if str(GIN_PARENT) not in gin.config._LOCATION_PREFIXES:
+    gin.add_config_file_search_path(str(GIN_PARENT))
+
+
+# A gin `include 'file'` statement (gin's grammar: a statement of its own line).
+_INCLUDE = re.compile(r"""^\s*include\s+(['"])(.+?)\1""", re.MULTILINE)
+
+
+def _shown(path: pathlib.Path) -> str:
+  """A gin file as a user names it: gin/models/t5_tiny.gin, else its path."""
+  try:
+    return str(path.relative_to(GIN_PARENT))
+  except ValueError:
+    return str(path)
+
+
+def _find_include(name: str) -> Optional[pathlib.Path]:
+  """Where gin's parse_config_file finds an included file: the name itself (relative
+  to the current directory, or absolute), then under each search path."""
+  prefixes = [""] if pathlib.Path(name).is_absolute() else gin.config._LOCATION_PREFIXES
+  for prefix in prefixes:
+    candidate = pathlib.Path(prefix, name)
+    if candidate.is_file():
+      return candidate.resolve()
+  return None
+
+
+def check_includes(path: pathlib.Path, chain: tuple = ()) -> None:
+  """Follows `path`'s include lines (and theirs) before gin parses them: an include
+  cycle would end in a RecursionError, a missing file in gin's error naming only the
+  top file. UsageError (one line) naming the cycle's files, or the including file and
+  the missing name. Call it after add_gin_search_path, where gin looks."""
+  chain += (path,)
+  try:
+    text = path.read_text()
+  except (OSError, UnicodeDecodeError) as e:
+    raise UsageError(f"gin file {_shown(path)} cannot be read ({errors.one_line(e)}); "
+                     "pass a readable gin file") from None
+  for match in _INCLUDE.finditer(text):
+    name = match.group(2)
+    included = _find_include(name)
+    if included is None:
+      raise UsageError(f"gin: {_shown(path)} includes {name!r}, which is not found (as a "
+                       f"path or under {GIN_PARENT}); fix or remove that include line")
+    if included in chain:
+      cycle = chain[chain.index(included):] + (included,)
+      raise UsageError("gin: include cycle: " + " includes ".join(map(_shown, cycle))
+                       + "; remove one of these include lines")
+    check_includes(included, chain)
 
 
 def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = (),
@@ -238,6 +285,8 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = (),
   paths = [str(resolve_gin_file(name)) for name in gin_files]
   gin.clear_config()
   add_gin_search_path()
+  for path in paths:
+    check_includes(pathlib.Path(path))
   with quiet_include_probes():
     for path in paths:
       _parse(path, lambda: gin.parse_config_file(path))

@@ -4,7 +4,7 @@
     python -m tf_tput.plan --gin_file=decoder_3b --gin_file=data8 --gin_file=s16_m64 \
         --gin_param='TrainConfig.global_batch = 2048'
 
-A --gin_file is a file name of tf_tput/gin/ (models/, mesh/, pipeline/) or a path
+A --gin_file is a file name of gin/ (models/, mesh/, pipeline/) or a path
 (config.resolve_gin_file). With a pipeline (gin/pipeline/), the mesh is one stage's
 and the plan has a row per stage (tf_tput/pipeline.py): its layers, parameters and
 bytes per device.

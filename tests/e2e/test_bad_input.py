@@ -117,3 +117,26 @@ def test_unwritable_tensorboard_dir(tmp_path):
 
 # A results file with lines that are not records: a real run appends after them and
 # says so; checked beside the bfloat16 run in tests/e2e/test_train_cli.py.
+
+
+@pytest.mark.parametrize("files, expect", [
+    ({"loop.gin": "include '{d}/loop.gin'\n"},
+     "include cycle: {d}/loop.gin includes {d}/loop.gin;"),
+    ({"loop.gin": "include '{d}/other.gin'\n", "other.gin": "include '{d}/loop.gin'\n"},
+     "include cycle: {d}/loop.gin includes {d}/other.gin includes {d}/loop.gin;"),
+    ({"loop.gin": "include 'gin/models/t5_common.gin'\ninclude 'gin/models/t5_gone.gin'\n"},
+     "{d}/loop.gin includes 'gin/models/t5_gone.gin', which is not found"),
+], ids=["includes-itself", "include-each-other", "includes-a-missing-file"])
+def test_an_include_cycle_or_missing_include_is_one_line_and_exit_2(tmp_path, files,
+                                                                    expect):
+  """Before any framework starts: gin alone would recurse until a RecursionError."""
+  for name, text in files.items():
+    (tmp_path / name).write_text(text.format(d=tmp_path))
+  out = tmp_path / "runs.jsonl"
+  started = time.monotonic()
+  proc = run_cli("tf_tput.train", f"--gin_file={tmp_path / 'loop.gin'}",
+                 f"--results={out}")
+  assert proc.returncode == 2 and time.monotonic() - started < 30
+  [line] = [line for line in proc.stderr.splitlines() if line.strip()]
+  assert line.startswith("error: gin: ") and expect.format(d=tmp_path) in line, line
+  assert not out.exists()

@@ -132,7 +132,7 @@ def test_readme_commands_run(tmp_path, monkeypatch):
   # A compilation cache of this test's own: the README's first run shows a miss.
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
   (tmp_path / "table1_local.gin").write_text(SHRUNK_SUITE.format(
-      real=REPO / "tf_tput" / "gin" / "suites" / "table1_local.gin"))
+      real=REPO / "gin" / "suites" / "table1_local.gin"))
   for command, shown in readme_commands():
     how = COMMANDS.get(command)
     if how in (None, NOT_RUN):

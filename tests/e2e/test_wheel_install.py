@@ -1,6 +1,7 @@
 """A wheel of the project in a fresh virtualenv, run from a directory outside the
-source tree: the gin files ship inside the package (tf_tput/gin/) and are named by
-file name (--gin_file=t5_tiny, --suite=table1_local).
+source tree: setup.py ships the checkout's gin/ inside the package (tf_tput/gin/),
+named by file name (--gin_file=t5_tiny, --suite=table1_local) or as
+gin/models/t5_tiny.gin.
 
 The new venv gets the wheel alone (--no-deps); the dependencies come from this
 interpreter's site-packages, named by a path line in a .pth file. Python adds such a
@@ -24,7 +25,8 @@ from tf_tput.records import results
 from cli_helpers import error_lines
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TRAIN_TINY = ["--system=jax", "--gin_file=t5_tiny", "--steps=2", "--warmup_steps=1",
+TRAIN_TINY = ["--system=jax", "--gin_file=t5_tiny", "--gin_file=gin/mesh/single.gin",
+              "--steps=2", "--warmup_steps=1",
               "--global_batch=2", "--gin_param=DataConfig.inputs_length=16",
               "--gin_param=DataConfig.targets_length=16"]
 
@@ -49,8 +51,9 @@ def installed(tmp_path_factory):
   # Built from a copy: setuptools writes build/ and tf_tput.egg-info/ beside setup.py,
   # which must not appear in (or go stale in) the source tree.
   src = tmp / "src"
-  shutil.copytree(REPO / "tf_tput", src / "tf_tput",
-                  ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+  for folder in ("tf_tput", "gin"):
+    shutil.copytree(REPO / folder, src / folder,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
   shutil.copy2(REPO / "setup.py", src / "setup.py")
   _run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
         "--no-index", "-q", "-w", tmp / "dist"], cwd=src)
@@ -79,10 +82,11 @@ def test_the_package_and_its_gin_files_come_from_the_wheel(installed):
                "tf_tput.__file__, str(config.resolve_gin_file('t5_tiny')), "
                "str(config.resolve_gin_file('gin/models/t5_tiny.gin')), "
                "provenance.git_commit(), keys.code_version()]))"], cwd=workdir)
-  package_file, bare, legacy, commit, code = json.loads(proc.stdout)
+  package_file, bare, by_path, commit, code = json.loads(proc.stdout)
   venv = python.parent.parent
   assert pathlib.Path(package_file).is_relative_to(venv), package_file
-  assert bare == legacy and pathlib.Path(bare).is_relative_to(venv), bare
+  assert bare == by_path and pathlib.Path(bare).is_relative_to(venv), bare
+  assert pathlib.Path(bare).parent.parent == pathlib.Path(package_file).parent / "gin"
   assert commit is None and code is None  # an installed package is no git checkout
 
 

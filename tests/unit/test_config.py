@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+import tf_tput
 from tf_tput import config
 from tf_tput.errors import UsageError
 
@@ -230,11 +231,11 @@ def test_search_path_is_added_once():
   import gin
   for _ in range(3):
     config.load_experiment(TINY)
-  assert gin.config._LOCATION_PREFIXES.count(str(config.PACKAGE_DIR)) == 1
+  assert gin.config._LOCATION_PREFIXES.count(str(config.GIN_PARENT)) == 1
 
 
 # --------------------------------------------------------------------------------------
-# resolve_gin_file: gin files by file name, under the package's gin/, or as paths
+# resolve_gin_file: gin files by file name, under the checkout's gin/, or as paths
 
 @pytest.mark.parametrize("name,expected", [
     ("t5_small", "models/t5_small.gin"), ("t5_small.gin", "models/t5_small.gin"),
@@ -245,15 +246,25 @@ def test_search_path_is_added_once():
     ("gin/mesh/single.gin", "mesh/single.gin"),
 ])
 def test_gin_files_resolve_from_any_directory(tmp_path, monkeypatch, name, expected):
-  monkeypatch.chdir(tmp_path)  # not the repository: the package dir is what counts
+  monkeypatch.chdir(tmp_path)  # not the repository: GIN_DIR is what counts
   assert config.resolve_gin_file(name) == (config.GIN_DIR / expected).resolve()
 
 
-def test_the_gin_files_live_in_the_package():
-  assert config.GIN_DIR == config.PACKAGE_DIR / "gin"
-  assert (config.PACKAGE_DIR / "config.py").is_file()
+def test_the_gin_files_live_at_the_checkouts_top_level():
+  """The design card's layout: gin/ beside tf_tput/ (setup.py maps it into the wheel;
+  test_wheel_install.py checks the installed copy)."""
+  assert config.GIN_DIR == config.GIN_PARENT / "gin" == tf_tput.REPO_ROOT / "gin"
+  assert (config.GIN_PARENT / "tf_tput" / "config.py").is_file()
+  assert not (tf_tput.PACKAGE_DIR / "gin").exists()
   assert sorted(p.name for p in config.GIN_DIR.iterdir() if p.is_dir()) == sorted(
       config.GIN_FOLDERS)
+
+
+def test_both_forms_load_from_the_checkouts_root(monkeypatch):
+  monkeypatch.chdir(tf_tput.REPO_ROOT)
+  by_path = config.load_experiment(["gin/models/t5_tiny.gin"])
+  by_name = config.load_experiment(["t5_tiny"])
+  assert by_path.model == by_name.model and by_name.model.name == "t5_tiny"
 
 
 def test_a_path_as_given_comes_first(tmp_path, monkeypatch):
@@ -295,6 +306,42 @@ def test_a_bare_name_in_several_folders_is_one_line_naming_them(tmp_path, monkey
   assert "'twice'" in message
   assert "models/twice.gin" in message and "mesh/twice.gin" in message
   assert config.resolve_gin_file("once.gin") == tmp_path / "suites" / "once.gin"
+
+
+# --------------------------------------------------------------------------------------
+# include lines: a cycle or a missing file is one line, before gin recurses
+
+@pytest.mark.parametrize("files,cycle", [
+    ({"self.gin": "include 'self.gin'\n"}, ["self.gin", "self.gin"]),
+    ({"a.gin": "include 'b.gin'\n", "b.gin": "# b\ninclude \"a.gin\"\n"},
+     ["a.gin", "b.gin", "a.gin"]),
+    ({"top.gin": "include 'a.gin'\n", "a.gin": "include 'b.gin'\n",
+      "b.gin": "include 'a.gin'\n"}, ["a.gin", "b.gin", "a.gin"]),
+])
+def test_an_include_cycle_is_one_line_naming_its_files(tmp_path, monkeypatch, files,
+                                                       cycle):
+  monkeypatch.chdir(tmp_path)
+  for name, text in files.items():
+    (tmp_path / name).write_text(text + "ModelConfig.d_model = 8\n")
+  first = next(iter(files))
+  message = _one_line_usage_error(config.load_experiment, [first])
+  shown = " includes ".join(str(tmp_path / name) for name in cycle)
+  assert f"include cycle: {shown};" in message, message
+
+
+def test_a_missing_include_names_the_including_file_and_the_name(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mine.gin").write_text("include 'gin/models/t5_common.gin'\n"
+                                     "include 'gin/models/nope.gin'\n")
+  message = _one_line_usage_error(config.load_experiment, ["mine.gin"])
+  assert f"{tmp_path / 'mine.gin'} includes 'gin/models/nope.gin', which is not found" \
+      in message, message
+
+
+def test_every_shipped_gin_file_has_its_includes():
+  for path in sorted(config.GIN_DIR.glob("*/*.gin")):
+    config.add_gin_search_path()
+    config.check_includes(path)  # raises on a cycle or a missing file
 
 
 def test_validate_bad_embedding(base):

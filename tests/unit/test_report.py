@@ -241,7 +241,7 @@ def test_report_markdown_sections():
                  "## Crossover (Fig. 6 style)", "| 1 | 2 | 3 | 3.4 | 90 | 300 |",
                  "## Published figures", published.CITATION, "## Conventions",
                  "| Pathways tokens/s | implied MFU (derived) |", "| 125,700 | 33.0% |",
-                 "decoder_3b at 1024 tokens (tf_tput/gin/suites/table2_paper.gin)",
+                 "decoder_3b at 1024 tokens (gin/suites/table2_paper.gin)",
                  "## Versions and hardware", "Test CPU", "`a.jsonl:3`: not JSON"):
     assert needle in text, needle
   assert "![step times" not in text  # not drawn, so not linked

@@ -38,7 +38,7 @@ CONVENTIONS = [
 def _implied_note() -> str:
   by_suite = tables.group(published.PAPER_SUITES, published.PAPER_SUITES.get)
   lengths = "; ".join(f"{', '.join(models)} at {_lengths(models[0])} "
-                      f"(tf_tput/gin/suites/{suite}.gin)" for suite, models in by_suite.items())
+                      f"(gin/suites/{suite}.gin)" for suite, models in by_suite.items())
   key = published.TPU_PEAK_KEY
   return (f"{tables.IMPLIED_MFU} is this report's arithmetic, not the paper's: "
           "published tokens/s × model FLOPs per token (the convention below) / (TPUv3 "

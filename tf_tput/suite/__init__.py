@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, PACKAGE_DIR, config, errors, micro, models, pipeline, systems
+from tf_tput import GIN_DIR, GIN_PARENT, config, errors, micro, models, pipeline, systems
 from tf_tput.records import keys, results
 from tf_tput.runtime import islands as islands_lib, topology
 from tf_tput.errors import UsageError
@@ -245,7 +245,7 @@ def expand(suite: Suite) -> list:
 
 
 def available() -> list:
-  return sorted(str(p.relative_to(PACKAGE_DIR)) for p in SUITES_DIR.glob("*.gin"))
+  return sorted(str(p.relative_to(GIN_PARENT)) for p in SUITES_DIR.glob("*.gin"))
 
 
 def _resolve(name: str) -> pathlib.Path:
@@ -263,6 +263,7 @@ def load(name: str) -> Suite:
   path = _resolve(name)
   gin.clear_config()
   config.add_gin_search_path()
+  config.check_includes(path)
   try:
     gin.parse_config_file(str(path))
     suite = Suite()

@@ -29,7 +29,7 @@ from tf_tput import suite as suites
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("suite", None, "A suite of tf_tput/gin/suites/ by name, e.g. "
+flags.DEFINE_string("suite", None, "A suite of gin/suites/ by name, e.g. "
                     "table1_local, or a suite file's path.")
 flags.DEFINE_string("results", None, "JSON-lines file the runs append to, and that "
                     "tells which runs already succeeded. Default results/<suite name>.jsonl.")
