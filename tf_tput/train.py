@@ -9,7 +9,6 @@ starts; a run that fails after that still appends a record with status "failed".
 """
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Optional
@@ -19,8 +18,8 @@ from absl import flags
 from absl import logging
 
 from tf_tput import config, data, errors, models, pipeline, systems
-from tf_tput.measure import loop, metrics, peak as peak_lib
-from tf_tput.records import build, keys, results
+from tf_tput.measure import loop, metrics, peak as peak_lib, peak_store
+from tf_tput.records import build, keys, provenance, results
 from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
@@ -82,6 +81,10 @@ flags.DEFINE_string("compilation_cache_dir", None, "Keep compiled programs here,
                     "Unset: $XDG_CACHE_HOME/tf_tput/compilation (~/.cache/tf_tput/"
                     "compilation without XDG_CACHE_HOME). Empty or 'none': off. Records "
                     "say whether the run hit it (compilation_cache).")
+flags.DEFINE_bool("reprobe_peak", False, "Measure this CPU's matmul peak (MFU's "
+                  "denominator) again, and keep the new one, instead of the probe kept "
+                  "in $XDG_CACHE_HOME/tf_tput/peaks.json (~/.cache/tf_tput/ without "
+                  "XDG_CACHE_HOME) for this CPU, framework version and dtype.")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
@@ -89,7 +92,7 @@ FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warm
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
              "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
-             "compilation_cache_dir")
+             "compilation_cache_dir", "reprobe_peak")
 
 
 def _bindings() -> list:
@@ -305,6 +308,22 @@ CACHE_SUBDIR = os.path.join("tf_tput", "compilation")
 CACHE_OFF = ("", "none")  # --compilation_cache_dir values that turn it off
 
 
+def _user_cache() -> str:
+  """The user's cache directory (XDG base directories: $XDG_CACHE_HOME, else
+  ~/.cache)."""
+  base = os.environ.get("XDG_CACHE_HOME", "")
+  if not os.path.isabs(base):  # unset, or relative (which the spec says to ignore)
+    base = os.path.join(os.path.expanduser("~"), ".cache")
+  return base
+
+
+def _peak_store(system) -> peak_store.PeakStore:
+  """Where this CPU's probe for the system's framework is kept (--reprobe_peak)."""
+  return peak_store.PeakStore(
+      os.path.join(_user_cache(), "tf_tput", peak_store.FILE_NAME),
+      provenance.versions(system.distributions), reprobe=FLAGS.reprobe_peak)
+
+
 def _compilation_cache_dir() -> Optional[str]:
   """The compilation cache's directory (None: off), created: a --compilation_cache_dir
   that is not writable is a usage error; the default one, a warning and no cache."""
@@ -314,10 +333,7 @@ def _compilation_cache_dir() -> Optional[str]:
   if named is not None:
     _check_writable_dir(named, "--compilation_cache_dir")
     return named
-  base = os.environ.get("XDG_CACHE_HOME", "")
-  if not os.path.isabs(base):  # unset, or relative (which the spec says to ignore)
-    base = os.path.join(os.path.expanduser("~"), ".cache")
-  path = os.path.join(base, CACHE_SUBDIR)
+  path = os.path.join(_user_cache(), CACHE_SUBDIR)
   try:
     _check_writable_dir(path, "--compilation_cache_dir")
   except UsageError as e:
@@ -536,9 +552,10 @@ def run() -> int:
     # cores.
     outcome.stage = "peak probe"
     probe_started = loop.CLOCK()
+    store = _peak_store(system)
     peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
                                              experiment.model.activation_dtype,
-                                             probes=writes_record)
+                                             probes=writes_record, store=store)
     probe_s = loop.CLOCK() - probe_started  # the harness's matmul: not startup
     _train(system, experiment, topology, writes_record, run_id, outcome,
            startup_origin=run_started + probe_s)
@@ -546,7 +563,7 @@ def run() -> int:
       outcome.stage = "peak probe after the run"
       peak, peak_source = peak_lib.reprobed(system.runtime, topology,
                                             experiment.model.activation_dtype,
-                                            (peak, peak_source))
+                                            (peak, peak_source), store)
   except Exception as e:  # noqa: BLE001: a failure after the check is a recorded run
     # A usage error or a timeout says all in its message; anything else gets its stack.
     logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
@@ -571,11 +588,10 @@ def run() -> int:
     return 1
   try:
     return _report(final, malformed)
-  except OSError as e:  # the append itself: the record goes to the log instead
-    logging.error("the record of run %s, not appended: %s", run_id, json.dumps(final))
+  except OSError as e:  # the append itself, undone: the record goes elsewhere
     print(f"error: the record of run {run_id} (status {final['status']}) could not be "
-          f"appended to --results={FLAGS.results} ({errors.cause(e)}); it is in the log "
-          "above", file=sys.stderr)
+          f"appended to --results={FLAGS.results} ({errors.cause(e)}), which is left as "
+          f"it was; the record is in {results.keep_aside(final)}", file=sys.stderr)
     return 1
 
 

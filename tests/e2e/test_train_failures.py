@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Runs tf_tput.train's main in this process once per case, each with its failure
 # injected; prints {case: {code, errors, records}} as JSON.
 DRIVER = r'''
-import contextlib, io, json, os, sys
+import contextlib, io, json, os, resource, sys
 from unittest import mock
 sys.path.insert(0, sys.argv[1])
 import numpy as np
@@ -79,9 +79,25 @@ CASES = {
                           build_with(num_params=np.int64(512)))],
     "schema": [("toy_system.ToySystem.build", build_with(num_params="many"))],
     "no_record": [("tf_tput.records.results.validate", refuse_after_first)],
-    "append": [("tf_tput.records.results.append", mock.Mock(side_effect=OSError(
-        28, "No space left on device")))],
+    "append": [],  # a real failure: the file size limit below
 }
+
+
+@contextlib.contextmanager
+def file_size_limit(path):
+  """A results file that cannot take a whole record, for real: it holds two earlier
+  records, and this process may write at most 100 bytes past them (RLIMIT_FSIZE;
+  Python ignores SIGXFSZ, so the write is cut short, then fails with EFBIG). A new
+  file of one record, the side file, still fits."""
+  ok_lines = open(os.path.join(sys.argv[2], "ok.jsonl"), "rb").read()
+  with open(path, "wb") as f:
+    f.write(ok_lines * 2)
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (len(ok_lines) * 2 + 100, hard))
+  try:
+    yield
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 out, FLAGS = {}, flags.FLAGS
 for name, patches in CASES.items():
   path = os.path.join(sys.argv[2], f"{name}.jsonl")
@@ -92,10 +108,13 @@ for name, patches in CASES.items():
   with contextlib.ExitStack() as stack:
     for target, value in ([PROBED] + patches):
       stack.enter_context(mock.patch(target, value))
+    if name == "append":
+      stack.enter_context(file_size_limit(path))
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
       code = train.main(["train"])
-  records = ([json.loads(line) for line in open(path)] if os.path.exists(path) else [])
-  out[name] = {"code": code, "stderr": err.getvalue(), "records": records}
+  raw = open(path).read() if os.path.exists(path) else ""
+  out[name] = {"code": code, "stderr": err.getvalue(), "raw": raw,
+               "records": [json.loads(line) for line in raw.splitlines()]}
 print(json.dumps(out))
 '''
 
@@ -103,7 +122,9 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
   directory = tmp_path_factory.mktemp("records")
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+  # TMPDIR: where a record that cannot be appended is kept aside.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO),
+             TMPDIR=str(directory))
   done = subprocess.run([sys.executable, "-c", DRIVER, HERE, str(directory)], cwd=REPO,
                         env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -156,14 +177,28 @@ def test_a_record_the_schema_refuses_is_written_failed_with_its_measurement(case
   assert len(record["losses"]) == 3 and record["tokens_per_sec"] > 0
 
 
-def test_where_no_record_can_be_made_or_appended_one_line_says_so(cases):
-  for case, expect in (("no_record", "but its record cannot be made (ValueError: "
-                                     "everything is wrong); nothing was appended"),
-                       ("append", "could not be appended to --results=")):
-    assert cases[case]["code"] == 1 and cases[case]["records"] == []
-    [line] = error_lines(cases[case]["stderr"])
-    assert expect in line, line
-  assert "No space left on device" in error_lines(cases["append"]["stderr"])[0]
+def test_where_no_record_can_be_made_one_line_says_so(cases):
+  case = cases["no_record"]
+  assert case["code"] == 1 and case["records"] == []
+  [line] = error_lines(case["stderr"])
+  assert ("but its record cannot be made (ValueError: everything is wrong); nothing was "
+          "appended") in line, line
+
+
+def test_an_append_that_fails_part_way_leaves_the_file_as_it_was(cases):
+  """The results file could take 100 bytes of the record (a real file size limit):
+  it ends byte for byte as before, the run exits 1 and one line names the cause and
+  the side file that holds the whole record."""
+  case = cases["append"]
+  assert case["code"] == 1
+  assert case["raw"] == cases["ok"]["raw"] * 2  # the two earlier records, nothing more
+  [line] = error_lines(case["stderr"])
+  assert "could not be appended to --results=" in line and "File too large" in line, line
+  assert "which is left as it was; the record is in " in line, line
+  side = line.split("the record is in ")[1]
+  [kept] = [json.loads(text) for text in open(side)]
+  results.validate(kept)
+  assert kept["status"] == "ok" and kept["run_id"] in line
 
 
 # --- connections that never answer --------------------------------------------------

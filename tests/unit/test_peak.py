@@ -98,8 +98,8 @@ def _probe_order(monkeypatch, topology, probes: bool) -> tuple:
   import importlib
   events = []
   monkeypatch.setattr(multihost_utils, "sync_global_devices", events.append)
-  monkeypatch.setattr(peak_lib, "peak", lambda r, t, d: events.append(f"peak {d}") or
-                      (7.0, "measured: fake"))
+  monkeypatch.setattr(peak_lib, "peak", lambda r, t, d, store: events.append(f"peak {d}")
+                      or (7.0, "measured: fake"))
   runtime = importlib.import_module(f"tf_tput.frameworks.{topology.framework}_runtime").RUNTIME
   return events, peak_lib.probe_alone(runtime, topology, "float32", probes)
 
@@ -196,3 +196,80 @@ def test_source_kind_drops_what_was_measured():
                                          (1.5e15, "1.5 PFLOP/s"), (12.5, "12.5 FLOP/s")])
 def test_flops_label(flops, label):
   assert peak_lib.flops_label(flops) == label
+
+
+# --------------------------------------------------------------------------------
+# The peak store: one probe per CPU, framework version and dtype (peak_store.py)
+
+class _CountingRuntime:
+  """Runs a 'matmul' that takes a fixed time, counting the calls."""
+
+  def __init__(self, seconds):
+    self.calls, self.seconds = 0, seconds
+
+  def matmul_runner(self, topology, n, dtype):
+    def run():
+      self.calls += 1
+      time.sleep(self.seconds)
+    return run
+
+
+def _store(tmp_path, reprobe=False, versions=None):
+  from tf_tput.measure import peak_store
+  return peak_store.PeakStore(str(tmp_path / "peaks.json"), versions or {"jax": "0.10.2"},
+                              reprobe=reprobe)
+
+
+def test_a_stored_probe_is_used_instead_of_probing_again(tmp_path):
+  from tf_tput.runtime.topology import Topology
+  two = Topology("jax", "cpu", ("a", "b"), "Test CPU")
+  runtime = _CountingRuntime(0.01)
+  first, first_source = peak_lib.peak(runtime, two, "float32", _store(tmp_path))
+  probed = runtime.calls
+  assert probed >= 4 and peak_lib.STORED not in first_source  # a first call + repeats
+  again, source = peak_lib.peak(runtime, two, "float32", _store(tmp_path))
+  assert runtime.calls == probed and again == first  # nothing measured
+  assert source.startswith(first_source + peak_lib.STORED)
+  assert source.endswith(f"({tmp_path / 'peaks.json'})")
+  assert peak_lib.source_kind(source) == peak_lib.source_kind(first_source)
+  # Kept per whole CPU: one device gets what two shared.
+  assert peak_lib.peak(runtime, Topology("jax", "cpu", ("a",), "Test CPU"), "float32",
+                       _store(tmp_path))[0] == 2 * first
+  # Stored probes are not probed again after the run.
+  assert peak_lib.reprobed(runtime, two, "float32", (again, source)) == (again, source)
+  assert runtime.calls == probed
+
+
+@pytest.mark.parametrize("other", [
+    dict(dtype="bfloat16"), dict(versions={"jax": "0.11.0"}), dict(reprobe=True)])
+def test_another_dtype_version_or_reprobe_measures_again(tmp_path, other):
+  from tf_tput.runtime.topology import Topology
+  one = Topology("jax", "cpu", ("a",), "Test CPU")
+  runtime = _CountingRuntime(0.01)
+  peak_lib.peak(runtime, one, "float32", _store(tmp_path))
+  probed = runtime.calls
+  store = _store(tmp_path, other.get("reprobe", False), other.get("versions"))
+  _, source = peak_lib.peak(runtime, one, other.get("dtype", "float32"), store)
+  assert runtime.calls == 2 * probed and peak_lib.STORED not in source
+  # What it measured is what the next run uses.
+  _, source = peak_lib.peak(runtime, one, other.get("dtype", "float32"),
+                            _store(tmp_path, False, other.get("versions")))
+  assert runtime.calls == 2 * probed and peak_lib.STORED in source
+
+
+def test_the_higher_probe_after_the_run_is_stored(tmp_path, monkeypatch):
+  from tf_tput.runtime.topology import Topology
+  two = Topology("jax", "cpu", ("a", "b"), "Test CPU")
+  store = _store(tmp_path)
+  monkeypatch.setattr(peak_lib, "peak", lambda r, t, d: (200e9, "measured: after"))
+  peak_lib.reprobed(None, two, "float32", (100e9, "measured: before"), store)
+  assert store.get("jax", "float32", peak_lib.MATMUL_PEAK_SIZE).flops == 400e9
+
+
+def test_an_unreadable_or_foreign_store_is_probed_again(tmp_path):
+  (tmp_path / "peaks.json").write_text("{not json")
+  assert _store(tmp_path).get("jax", "float32", 2048) is None
+  (tmp_path / "peaks.json").write_text('{"k": 1}')
+  store = _store(tmp_path)
+  store.put("jax", "float32", 2048, 1e11)  # kept beside what it does not know
+  assert store.get("jax", "float32", 2048).flops == 1e11

@@ -1,9 +1,14 @@
 """tf_tput/records/results.py: the record schema, atomic append, tolerant reading."""
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
+from tf_tput import REPO_ROOT
 from tf_tput.records import results
 from tf_tput.errors import UsageError
 
@@ -126,6 +131,46 @@ def test_append_to_file_with_only_a_truncated_line(tmp_path):
   path.write_bytes(b'{"trunc')
   assert results.append(str(path), valid_record()) == 2
   assert path.read_bytes().startswith(b'{"trunc\n{')
+
+
+# Appends one record under a file size limit of `limit` bytes (RLIMIT_FSIZE, a real
+# failure of the write; Python ignores SIGXFSZ, so the write is cut short, then fails
+# with EFBIG); prints the error, or "appended".
+LIMITED_APPEND = r"""
+import json, resource, sys
+from tf_tput.records import results
+path, limit, record = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+try:
+  results.append(path, record)
+  print("appended")
+except OSError as e:
+  print(f"{type(e).__name__}: {e}")
+"""
+
+
+@pytest.mark.parametrize("before", [b"", b'{"a": "whole line"}\n', b'{"trunc'])
+def test_an_append_cut_short_leaves_the_file_as_it_was(tmp_path, before):
+  path = tmp_path / "runs.jsonl"
+  path.write_bytes(before)
+  record = valid_record()
+  done = subprocess.run([sys.executable, "-c", LIMITED_APPEND, str(path),
+                         str(len(before) + 100), json.dumps(record)],
+                        capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.startswith("OSError: [Errno 27] File too large"), done.stdout
+  assert path.read_bytes() == before
+  # The same append without the limit writes the whole line.
+  results.append(str(path), record)
+  assert results.read(str(path))[0] == [record]
+
+
+def test_a_record_kept_aside_is_whole(tmp_path, monkeypatch):
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  side = results.keep_aside(valid_record(run_id="aside"))
+  assert side.startswith(str(tmp_path / "tf_tput-record-aside-"))
+  assert results.read(side)[0] == [valid_record(run_id="aside")]
 
 
 def test_read_records_and_problems(tmp_path):

@@ -82,42 +82,62 @@ def check_matmul_corner(corner, n: int, where: str) -> None:
                        f"not {n}: the peak probe did not multiply what it timed")
 
 
-def peak(runtime, topology, dtype: str) -> tuple:
+# peak_source's tail when the peak came from the store (peak_store.py).
+STORED = "; stored probe of "
+
+
+def _sharing(topology) -> int:
+  """Devices that share one CPU share its peak: all of them on this host, else a
+  worker's."""
+  return (topology.num_devices if topology.shares_host_cpu
+          else len(topology.workers[0].devices))
+
+
+def peak(runtime, topology, dtype: str, store=None) -> tuple:
   """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else.
   The runtime (tf_tput/frameworks/) runs the matmul: one n x n x n matmul of ones on
   the first device, waited for and checked (check_matmul_corner); the matrix is an
-  input, never a constant a compiler could fold."""
+  input, never a constant a compiler could fold. With a store (peak_store.PeakStore),
+  this host's CPU is probed once: a kept probe is used, a new one kept."""
   if topology.platform != "cpu":
     return table_peak(topology.device_kind, dtype)
   n = MATMUL_PEAK_SIZE
-  whole_cpu = measure_matmul_peak(runtime.matmul_runner(topology, n, dtype))
-  # Devices that share one CPU share its peak: all of them on this host, else a worker's.
-  sharing = (topology.num_devices if topology.shares_host_cpu
-             else len(topology.workers[0].devices))
+  store = store if topology.shares_host_cpu else None  # a worker's CPU: another host
+  kept = store.get(topology.framework, dtype, n) if store else None
+  if kept:
+    whole_cpu = kept.flops
+  else:
+    whole_cpu = measure_matmul_peak(runtime.matmul_runner(topology, n, dtype))
+    if store:
+      store.put(topology.framework, dtype, n, whole_cpu)
   where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
            else f"worker 0's CPU ({topology.workers[0].address})")
   source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
-            f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {sharing} virtual device(s)")
-  return whole_cpu / sharing, source
+            f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {_sharing(topology)} virtual "
+            "device(s)") + (f"{STORED}{kept.measured_at} ({store.path})" if kept else "")
+  return whole_cpu / _sharing(topology), source
 
 
-def reprobed(runtime, topology, dtype: str, first: tuple) -> tuple:
-  """A measured CPU peak, probed again after the run and the higher kept. A VM's
-  cores can be slower for a second or two (seen here: 112 GFLOP/s, then 212 a minute
-  later and in the same run's steps), and a low peak inflates MFU, past 100% at
-  worst. Table peaks, unprobed processes, launched processes (whose peers may still
-  be computing) and TF clusters (a lost worker would hang a new Session) keep the
+def reprobed(runtime, topology, dtype: str, first: tuple, store=None) -> tuple:
+  """A measured CPU peak, probed again after the run and the higher kept (and
+  stored, with a store). A VM's cores can be slower for a second or two (seen here:
+  112 GFLOP/s, then 212 a minute later and in the same run's steps), and a low peak
+  inflates MFU, past 100% at worst. Table peaks, stored probes (their run was
+  reprobed), unprobed processes, launched processes (whose peers may still be
+  computing) and TF clusters (a lost worker would hang a new Session) keep the
   first, as does a probe that fails: the record matters more. Returns (peak per
   device, peak_source)."""
   value, source = first
-  if (value is None or not source.startswith("measured") or topology.num_processes > 1
-      or topology.session_target or topology.workers):
+  if (value is None or not source.startswith("measured") or STORED in source
+      or topology.num_processes > 1 or topology.session_target or topology.workers):
     return first
   try:
     again, again_source = peak(runtime, topology, dtype)
   except Exception:  # pylint: disable=broad-except
     return first
   best, best_source = max(first, (again, again_source), key=lambda p: p[0])
+  if store and topology.shares_host_cpu and again > value:
+    store.put(topology.framework, dtype, MATMUL_PEAK_SIZE, again * _sharing(topology))
   return best, (f"{best_source}; the higher of two probes, before and after the run "
                 f"({value / 1e9:.0f} and {again / 1e9:.0f} GFLOP/s per device)")
 
@@ -125,7 +145,7 @@ def reprobed(runtime, topology, dtype: str, first: tuple) -> tuple:
 NOT_PROBED = "not measured on this process"
 
 
-def probe_alone(runtime, topology, dtype: str, probes: bool) -> tuple:
+def probe_alone(runtime, topology, dtype: str, probes: bool, store=None) -> tuple:
   """peak() in the one process that probes, while no other process computes.
 
   The processes of tf_tput.launch share this host's cores: a peer still compiling its
@@ -138,7 +158,7 @@ def probe_alone(runtime, topology, dtype: str, probes: bool) -> tuple:
   """
   barrier = runtime.barrier(topology)
   barrier("before the peak probe")
-  result = peak(runtime, topology, dtype) if probes else (None, NOT_PROBED)
+  result = peak(runtime, topology, dtype, store) if probes else (None, NOT_PROBED)
   barrier("after the peak probe")
   return result
 
@@ -170,7 +190,7 @@ def source_kind(peak_source: str) -> str:
   """A peak_source without what the probe measured: the same probe on the same
   devices gives the same kind in every run ('measured: jax 2048x2048 float32 matmul on
   the host CPU (2 cores), shared by 4 virtual device(s)'); a table entry is itself."""
-  first = peak_source.split("; the higher of")[0]
+  first = peak_source.split(";")[0]
   head, sep, rest = first.partition(" = ")
   if not sep:
     return first

@@ -74,6 +74,10 @@ def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_m
       systems.distributions(), status=status, error=error)
 
 
+# run_ids of records that could not be appended (kept aside instead): exit 1.
+NOT_APPENDED = []
+
+
 def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None) -> dict:
   """One system x mode x hosts run -> its record (appended to --results)."""
   sized = dict(computation_ms=computation_ms,
@@ -95,7 +99,14 @@ def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None)
     except Exception as e:  # noqa: BLE001: one failed run is recorded, others go on
       logging.exception("%s %s failed", spec.system, spec.mode)
       record = _record(spec, "failed", errors.cause(e), **sized)
-  results.append(FLAGS.results, record)
+  try:
+    results.append(FLAGS.results, record)
+  except OSError as e:  # the append, undone: the record goes elsewhere
+    NOT_APPENDED.append(record["run_id"])
+    print(f"error: the record of {spec.system} {spec.mode}, {spec.hosts} host(s) could "
+          f"not be appended to --results={FLAGS.results} ({errors.cause(e)}), which is "
+          f"left as it was; the record is in {results.keep_aside(record)}",
+          file=sys.stderr)
   return record
 
 
@@ -254,7 +265,7 @@ def main(argv) -> int:
   print(format_table(records))
   print("\n".join(notes))
   print(f"records: {FLAGS.results}")
-  return 1 if any(r["status"] == "failed" for r in records) else 0
+  return 1 if NOT_APPENDED or any(r["status"] == "failed" for r in records) else 0
 
 
 if __name__ == "__main__":

@@ -58,12 +58,16 @@ def native_bfloat16(flags=None) -> list:
   return [flag for flag in NATIVE_BFLOAT16_FLAGS if flag in flags]
 
 
+def versions(distributions: dict) -> dict:
+  """env key -> the installed version of its distributions (None: not installed)."""
+  return {key: _version(names) for key, names in distributions.items()}
+
+
 def env(accelerators: list, distributions: dict) -> dict:
   """A record's env: versions of DISTRIBUTIONS and of `distributions` (every
   registered system's, tf_tput.systems.distributions()), and the hardware."""
   out = {"python": sys.version.split()[0]}
-  out.update({key: _version(names)
-              for key, names in {**distributions, **DISTRIBUTIONS}.items()})
+  out.update(versions({**distributions, **DISTRIBUTIONS}))
   out.update(platform=platform.platform(), cpu=cpu_model(), cpu_count=os.cpu_count(),
              cpu_bfloat16=native_bfloat16(), accelerators=accelerators)
   return out

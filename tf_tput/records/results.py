@@ -1,8 +1,8 @@
 """Result records: the schema, atomic JSON-lines append, and tolerant reading.
 
-Records are only appended, never rewritten: one os.write of one line under an
-exclusive lock, so a crash cannot corrupt earlier lines, and a line left without its
-newline by an earlier crash is closed before the next record is written.
+Records are only appended, never rewritten: one line under an exclusive lock, so a
+crash cannot corrupt earlier lines; a write that fails part-way is cut back off, and a
+line left without its newline by an earlier crash is closed before the next record.
 """
 
 import fcntl
@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 import tempfile
 from typing import Optional
 
@@ -172,10 +173,11 @@ def check_appendable(path: str) -> list:
 
 
 def append(path: str, record: dict) -> int:
-  """Appends one record as one line; returns its 1-based line number."""
+  """Appends one record as one line; returns its 1-based line number. A write that
+  cannot complete (no space, a quota, a file size limit, an I/O error, a signal)
+  leaves the file as it was, then raises: never a torn last line."""
   validate(record)
-  # Strict JSON: a diverged run's NaN / inf losses are written as null.
-  line = (json.dumps(_finite(record), allow_nan=False) + "\n").encode("utf-8")
+  line = _line(record)
   fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -183,11 +185,50 @@ def append(path: str, record: dict) -> int:
       existing = f.read()
     if existing and not existing.endswith(b"\n"):
       line = b"\n" + line  # close a line a crash left open; it stays malformed
-    os.write(fd, line)
-    os.fsync(fd)
+    _write_whole(fd, line, size_before=len(existing))
   finally:
     os.close(fd)  # releases the lock
   return existing.count(b"\n") + line.count(b"\n")
+
+
+def _line(record: dict) -> bytes:
+  # Strict JSON: a diverged run's NaN / inf losses are written as null.
+  return (json.dumps(_finite(record), allow_nan=False) + "\n").encode("utf-8")
+
+
+def _write_whole(fd: int, data: bytes, size_before: int) -> None:
+  """Writes all of `data` and syncs it, or truncates the file back to size_before and
+  re-raises. os.write may write part of its buffer and return the count (a file
+  size limit, a full disk): the rest is retried, which then fails with the cause."""
+  try:
+    written = 0
+    while written < len(data):
+      written += os.write(fd, data[written:])
+    os.fsync(fd)
+  except BaseException:
+    os.ftruncate(fd, size_before)
+    raise
+
+
+def keep_aside(record: dict) -> str:
+  """Where a record that append could not write went, for the error line that says
+  so: a file of its own in the temporary directory (often another disk than a full
+  one), else stderr."""
+  line = _line(record)
+  side = None
+  try:
+    fd, side = tempfile.mkstemp(prefix=f"tf_tput-record-{record.get('run_id')}-",
+                                suffix=".jsonl")
+    try:
+      _write_whole(fd, line, size_before=0)
+    finally:
+      os.close(fd)
+    return side
+  except OSError:
+    if side:
+      os.unlink(side)
+    print(line.decode("utf-8"), end="", file=sys.stderr, flush=True)
+    return "stderr (the line above)"
 
 
 def _finite(value):
