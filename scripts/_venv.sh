@@ -20,8 +20,16 @@ extras="$(printf '%s\n' ${TF_TPUT_EXTRAS//,/ } ${installed_extras//,/ } | sort -
 if [ "$installed_hash" != "$setup_hash" ] || [ "$extras" != "$installed_extras" ]; then
   echo "installing tf_tput[${extras}] into .venv (setup.py or the extras changed, or first run)" >&2
   log=".venv/pip-install.log"
-  if ! { .venv/bin/python -m pip install --upgrade pip \
-         && .venv/bin/python -m pip install -e ".[${extras}]"; } > "$log" 2>&1; then
+  # pip compiles every installed module to bytecode one file at a time (half of a
+  # ~1 minute install here); compileall does it on every core afterwards and, like
+  # pip, goes past files that are not Python 3 (some packages ship such files).
+  # pip >= 22.3: `pip --python`, which tests/e2e/test_wheel_install.py uses.
+  if ! { .venv/bin/python -m pip install -q "pip>=22.3" \
+         && .venv/bin/python -m pip install --no-compile -e ".[${extras}]" \
+         && { .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c \
+                'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
+       } > "$log" 2>&1
+  then
     grep -v "^WARNING: Location" "$log" | tail -20 >&2
     echo "error: installing into .venv failed (full log: $ROOT/$log)" >&2
     exit 1
