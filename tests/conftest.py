@@ -70,17 +70,6 @@ SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
                         "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py"}
 
 
-def pytest_ignore_collect(collection_path, config):
-  """scripts/test.sh's second run (-m alone) imports only the files that can hold
-  `alone` tests: importing every test file imports TensorFlow, torch and JAX, ~10 s
-  on two cores, for 15 tests in two files. None: pytest's own rules decide."""
-  if (config.getoption("markexpr") == "alone" and collection_path.suffix == ".py"
-      and collection_path.name.startswith("test_")):
-    return not (collection_path.name in ALONE_FILES
-                or "mark.alone" in collection_path.read_text())
-  return None
-
-
 def pytest_configure(config):
   config.addinivalue_line("markers", "alone: run without other tests beside it "
                           "(scripts/test.sh runs these after the parallel part)")
