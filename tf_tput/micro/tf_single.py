@@ -136,7 +136,8 @@ def run(spec) -> list:
       import tensorflow as tf
       program = _Program(tf, spec)
       cluster.wait_until_serving(deadline, f"timeout_s={spec.timeout_s}")
-      config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=_remaining_ms(deadline))
+      config = tf.compat.v1.ConfigProto(
+          operation_timeout_in_ms=_remaining_ms(deadline, spec))
       session = tf.compat.v1.Session(f"grpc://{cluster.addresses[0]}", graph=program.graph,
                                      config=config)
       try:
@@ -207,11 +208,12 @@ def _validate(spec) -> None:
     raise UsageError(f"tf: timeout_s={spec.timeout_s}; it must be > 0")
 
 
-def _remaining_ms(deadline: float) -> int:
-  """Milliseconds left until the run's deadline; TimeoutError when none are."""
+def _remaining_ms(deadline: float, spec) -> int:
+  """Milliseconds left until the run's deadline; TimeoutError naming spec.timeout_s
+  when none are."""
   left = deadline - time.monotonic()
   if left <= 0:
-    raise TimeoutError("tf: the run passed its timeout_s")
+    raise TimeoutError(f"tf: the run passed its timeout_s={spec.timeout_s}")
   return max(1, int(left * 1000))
 
 
@@ -300,7 +302,7 @@ def _check_devices(session, devices) -> None:
 
 
 def _measure(tf, session, program, spec, deadline) -> list:
-  options = tf.compat.v1.RunOptions(timeout_in_ms=_remaining_ms(deadline))
+  options = tf.compat.v1.RunOptions(timeout_in_ms=_remaining_ms(deadline, spec))
   session.run(program.init, options=options)
   step = session.make_callable(program.step, accept_options=True)
   calls = spec.calls_per_repeat
@@ -309,11 +311,11 @@ def _measure(tf, session, program, spec, deadline) -> list:
   for repeat in range(spec.repeats + 1):  # repeat 0 is the untimed warmup
     start = time.perf_counter()
     for _ in range(calls):
-      options.timeout_in_ms = _remaining_ms(deadline)
+      options.timeout_in_ms = _remaining_ms(deadline, spec)
       step(options=options)
     elapsed = time.perf_counter() - start
     done += calls * program.computations_per_call
-    options.timeout_in_ms = _remaining_ms(deadline)
+    options.timeout_in_ms = _remaining_ms(deadline, spec)
     values = session.run(program.reads, options=options)
     for device, value in zip(program.devices, values):
       micro.check(value, micro.expected(spec, done),
