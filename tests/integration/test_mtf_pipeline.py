@@ -4,6 +4,9 @@ Adafactor steps), with the unpipelined variables, each stage's on its own device
 
 import dataclasses
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -31,16 +34,55 @@ def _experiment(params):
   return config.load_experiment(["gin/models/decoder_tiny.gin"], list(params))
 
 
+# TensorFlow fixes a process's virtual CPU devices when it starts. Under scripts/test.sh
+# another test in the same xdist worker has usually started it (with fewer than 4), so
+# then this module runs again in a fresh pytest process and each test here asserts
+# its outcome there. FRESH marks that process: it never starts another.
+FRESH = "TF_TPUT_TEST_FRESH_PROCESS"
+
+
 @pytest.fixture(scope="module")
 def devices4():
+  """This process's 4 virtual CPU devices, or None where TF already runs with fewer."""
   try:
     return tf_runtime.RUNTIME.resolve(4)
   except RuntimeError as e:  # TF already started in this process with other devices
     import tensorflow as tf
     names = tuple(d.name for d in tf.config.list_logical_devices("CPU"))
-    if len(names) < 4:
-      pytest.skip(f"needs 4 virtual CPU devices; TF already runs with {names}: {e}")
-    return topology_lib.Topology("tf", "cpu", names[:4], "cpu")
+    if len(names) >= 4:
+      return topology_lib.Topology("tf", "cpu", names[:4], "cpu")
+    if os.environ.get(FRESH):
+      pytest.fail(f"needs 4 virtual CPU devices; TF already runs with {names}: {e}")
+    return None
+
+
+@pytest.fixture(scope="module")
+def fresh_outcomes(devices4):
+  """None where this process has the 4 devices; else {test id: outcome} of this
+  module run in a fresh pytest process."""
+  if devices4 is not None:
+    return None
+  done = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-rA",
+                         "-p", "no:cacheprovider", "-p", "no:xdist"],
+                        env=dict(os.environ, **{FRESH: "1"}), capture_output=True,
+                        text=True, timeout=600, cwd=os.path.dirname(__file__))
+  outcomes = {}
+  for line in done.stdout.splitlines():
+    outcome, _, node = line.partition(" ")
+    if outcome in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
+      outcomes[node.split(" - ")[0].rsplit("::", 1)[-1]] = outcome
+  assert outcomes, done.stdout[-3000:] + done.stderr[-3000:]
+  return dict(outcomes, output=done.stdout[-3000:])
+
+
+@pytest.fixture(autouse=True)
+def _here_or_in_a_fresh_process(request, fresh_outcomes):
+  if fresh_outcomes is None:
+    return
+  name = request.node.name
+  assert fresh_outcomes.get(name) == "PASSED", (name, fresh_outcomes)
+  pytest.skip(f"{name} passed in a fresh process (TF runs here with fewer than 4 "
+              "virtual CPU devices)")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +90,9 @@ def runs(devices4):
   """Per case: the pipelined trainer (left open) and both trainers' losses over
   STEPS shared batches, the pipelined one from the unpipelined one's weights."""
   from tf_tput.systems import mtf
+  if devices4 is None:  # they run in a fresh process (fresh_outcomes)
+    yield None
+    return
   out = {}
   for case, (params, unpipelined_mesh) in CASES.items():
     piped = _experiment(COMMON + params)
