@@ -26,7 +26,7 @@ from cli_helpers import REPO, error_lines, run_cli
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Runs tf_tput.train's main in this process once per case, each with its failure
-# injected; prints {case: {code, errors, records}} as JSON.
+# injected; prints {case: {code, stderr, raw file, records}} as JSON.
 DRIVER = r'''
 import contextlib, io, json, os, resource, sys
 from unittest import mock
