@@ -28,6 +28,10 @@ setup(
         "gin-config>=0.5,<0.6",
         "absl-py>=2.0,<3",
         "numpy>=1.26,<3",
+        # TensorFlow's and JAX's dtypes. 0.7.0 takes 0.5 s to import here (it adds its
+        # ufunc loops one by one, each a linear search), 0.6.0 0.08 s; every TF or
+        # JAX process pays it, and a test run starts about a hundred.
+        "ml_dtypes>=0.5.1,<0.7",
         "tensorboard>=2.16,<2.22",
         "tensorflow-datasets>=4.9,<4.10",
         "matplotlib>=3.10,<4",        # tf_tput.report's PNG plots (Agg backend, no display)

@@ -97,7 +97,10 @@ def test_a_plugin_never_replaces_a_built_in_system(tmp_path):
 def test_launch_starts_the_command_on_every_worker_for_tf2_in_either_flag_form():
   """`--system tf2` (absl's other form) must take the every-worker path as
   `--system=tf2` does: each copy of the command is a worker, none a chief."""
-  show = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task'])"
+  # One write per line: under PYTHONUNBUFFERED print writes the text and its newline
+  # apart, and the two workers' lines could interleave on the shared pipe.
+  show = ("import json, os, sys; "
+          "sys.stdout.write(str(json.loads(os.environ['TF_CONFIG'])['task']) + '\\n')")
   for form in (["--system=tf2"], ["--system", "tf2"]):
     proc = subprocess.run([sys.executable, "-m", "tf_tput.launch", "--num_workers=2",
                            *EXPOSE, "--", sys.executable, "-c", show, *form],

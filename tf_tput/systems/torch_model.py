@@ -122,13 +122,19 @@ def _relative_positions_cached(length: int, causal: bool, num_buckets: int) -> t
   return torch.from_numpy(relative_position), torch.from_numpy(buckets)
 
 
-@torch.compiler.assume_constant_result
 def _relative_positions(length: int, causal: bool, num_buckets: int) -> tuple:
   """(relative position memory - query, its bucket), int32 CPU tensors [length,
   length]: they depend only on the length, so they are computed once, in numpy
-  (mtf_numerics). Under torch.compile they are constants of the graph: dynamo calls
-  this eagerly rather than tracing numpy's float32 log through torch's."""
+  (mtf_numerics). Under torch.compile they are constants of the graph
+  (mark_compile_constants)."""
   return _relative_positions_cached(length, causal, num_buckets)
+
+
+def mark_compile_constants():
+  """Before torch.compile: dynamo calls _relative_positions eagerly rather than
+  tracing numpy's float32 log through torch's. Not a decorator: marking imports
+  torch._dynamo, 0.9 s of every torch process here, and only compiled runs need it."""
+  torch.compiler.assume_constant_result(_relative_positions)  # marks it in place
 
 
 def _self_attention_bias(p, stack, sequence_id, causal, m, dtype):

@@ -50,6 +50,7 @@ class TorchTrainer:
     self._loss = functools.partial(torch_model.loss_fn, m=m)
     self._update = self._optimizer.update
     if compile:
+      torch_model.mark_compile_constants()
       self._loss = torch.compile(self._loss)
       self._update = torch.compile(self._update)
 
