@@ -80,6 +80,20 @@ SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
                         "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py"}
 
 
+def pytest_ignore_collect(collection_path, config):
+  """With `-m alone` alone (scripts/test.sh's second part), a test file with no test
+  to run alone is not imported: importing them all (TF, JAX, torch) takes ~7 s, for
+  tests that would be deselected. A file has such a test when conftest names it in
+  ALONE_FILES or its source marks one (`pytest.mark.alone`, on a test or pytestmark)."""
+  if (config.option.markexpr != "alone" or collection_path.suffix != ".py"
+      or not collection_path.name.startswith("test_")):
+    return None
+  if (collection_path.name in ALONE_FILES
+      or "mark.alone" in collection_path.read_text(encoding="utf-8")):
+    return None
+  return True
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "alone: run without other tests beside it "
                           "(scripts/test.sh runs these after the parallel part)")
