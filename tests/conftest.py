@@ -20,16 +20,6 @@ os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 atexit.register(shutil.rmtree, _CACHE_HOME, True)
 
 
-# Tests check what XLA computes, not how fast: every XLA:CPU program of the test
-# session (in-process and in the train runs it starts, which inherit this) is
-# compiled without LLVM's optimization passes, about 20% less CPU per jax process
-# (T5 Tiny on a 2x2 mesh: 7.5 s against 9.6 s) and the same losses to the last digit.
-# Benchmarks (scripts/bench.sh, users' runs) never see this setting.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = " ".join(
-    filter(None, [TEST_XLA_FLAGS, os.environ.get("XLA_FLAGS")]))
-
-
 # Tests of Ctrl-C send SIGINT to the entry points (and to pytest itself) and expect
 # KeyboardInterrupt. A shell starts a background job (`cmd &`, nohup) with SIGINT
 # ignored, children inherit that, and Python then installs no KeyboardInterrupt

@@ -164,8 +164,7 @@ def _worker(case: str) -> dict:
 
 @pytest.fixture(scope="module")
 def reports():
-  env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
-             f"--xla_force_host_platform_device_count={DEVICES}",
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
              JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO_ROOT))
   proc = subprocess.run([sys.executable, __file__, *CASES], env=env, cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=400)
