@@ -20,14 +20,13 @@ extras="$(printf '%s\n' ${TF_TPUT_EXTRAS//,/ } ${installed_extras//,/ } | sort -
 if [ "$installed_hash" != "$setup_hash" ] || [ "$extras" != "$installed_extras" ]; then
   echo "installing tf_tput[${extras}] into .venv (setup.py or the extras changed, or first run)" >&2
   log=".venv/pip-install.log"
-  # pip compiles every installed module to bytecode one file at a time (~30 s of a
-  # 62 s install on 2 cores); compileall does it on every core afterwards (~19 s) and,
-  # like pip, goes past files that are not Python 3 (some packages ship such files).
-  # pip >= 22.3: `pip --python`, which tests/e2e/test_wheel_install.py uses.
+  # No bytecode at install: pip compiles every module one file at a time (~30 s of
+  # a 62 s install on 2 cores) and compileall -j 0 still took 24-26 s for 17,680
+  # files, of which a run imports about 5,000. Python writes each one's bytecode
+  # the first time a run imports it (below). pip >= 22.3: `pip --python`, which
+  # tests/e2e/test_wheel_install.py uses.
   if ! { .venv/bin/python -m pip install -q "pip>=22.3" \
-         && .venv/bin/python -m pip install --no-compile -e ".[${extras}]" \
-         && { .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c \
-                'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
+         && .venv/bin/python -m pip install --no-compile -e ".[${extras}]"
        } > "$log" 2>&1
   then
     grep -v "^WARNING: Location" "$log" | tail -20 >&2
@@ -37,3 +36,7 @@ if [ "$installed_hash" != "$setup_hash" ] || [ "$extras" != "$installed_extras" 
   echo "$setup_hash extras=$extras" > "$stamp"
 fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# Bytecode is written as modules are first imported (into .venv and the checkout's
+# __pycache__/, both ours), even where the shell sets PYTHONDONTWRITEBYTECODE:
+# without it every process would compile TF's, JAX's and torch's modules anew.
+unset PYTHONDONTWRITEBYTECODE
