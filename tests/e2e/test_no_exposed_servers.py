@@ -11,6 +11,7 @@ show they are not vacuous, the namespace's own table, where the servers do liste
 every interface of a namespace that has only `lo`.
 """
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -207,14 +208,24 @@ def test_the_micro_benchmarks_tf_servers_and_client_share_a_private_namespace():
 
 
 @needs_namespaces
-def test_a_private_micro_run_that_fails_raises_its_error_here():
+def test_one_private_client_serves_runs_until_one_fails_which_raises_its_error_here():
   from tf_tput import micro
   from tf_tput.micro import tf_single
   spec = micro.Spec("tf", "opbyop", hosts=1, devices_per_host=1, computations=8,
-                    repeats=1, timeout_s=0.5)
-  with pytest.raises(TimeoutError, match="timeout_s"):  # its type kept
-    tf_single.run_private(spec)
-  assert _namespaces_of(os.getpid()) == []
+                    repeats=1, timeout_s=60)
+  clients = []
+  try:
+    for mode in ("opbyop", "fused"):
+      assert len(tf_single.run_private(dataclasses.replace(spec, mode=mode,
+                                                           chain_length=8))) == 1
+      clients.append(tf_single._client._proc.pid)
+    assert clients[0] == clients[1]  # one client (one TF import) for both runs
+    with pytest.raises(TimeoutError, match="timeout_s"):  # its type kept
+      tf_single.run_private(dataclasses.replace(spec, timeout_s=0.05))
+    assert tf_single._client is None  # a failed run stops the client
+  finally:
+    tf_single.close()
+  assert _namespaces_of(os.getpid()) == [] and not psutil.pid_exists(clients[0])
 
 
 @pytest.mark.parametrize("launch", [

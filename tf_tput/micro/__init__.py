@@ -27,6 +27,8 @@ A system module (tf_tput/micro/<system>.py) defines:
       one untimed warmup repeat), each of spec.computations computations, all
       results checked. It starts its hosts as local processes on loopback and stops
       every one of them, on success, failure, timeout and Ctrl-C.
+  close() (optional): stops whatever run() keeps from one run to the next (tf's
+      client process); tf_tput.micro calls it once its runs are done.
 """
 
 import dataclasses

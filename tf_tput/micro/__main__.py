@@ -10,7 +10,7 @@ not have as not applicable, a failed run as failed; the others still run.
 
 TF's servers listen on every interface, so each tf run goes inside a private network
 namespace with nothing but loopback, its client with it (tf_single.run_private; needs
-root and iproute2). Where none can be made, --systems with tf is refused in one line
+root and iproute2); one client process there serves every tf run of the invocation. Where none can be made, --systems with tf is refused in one line
 unless --expose_servers accepts servers reachable from other machines.
 """
 
@@ -262,6 +262,9 @@ def main(argv) -> int:
     print(f"error: interrupted; {len(records)} records kept in {FLAGS.results}",
           file=sys.stderr)
     return 130
+  finally:
+    for system in FLAGS.systems:  # what a system kept from one run to the next
+      getattr(micro.system_module(system), "close", lambda: None)()
   print(format_table(records))
   print("\n".join(notes))
   print(f"records: {FLAGS.results}")

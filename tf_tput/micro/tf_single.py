@@ -16,8 +16,10 @@ whatever the cluster spec says: grpc_server_lib.cc hard-codes it and neither
 tf.distribute.Server nor ServerDef can restrict it. So tf_tput.micro runs each
 measurement through run_private(): a child process inside a private network namespace
 with nothing but loopback (runtime.islands.PrivateNetwork) runs run() there, the
-client and its servers together, and hands the seconds back through a file; nothing
-outside the namespace reaches the servers. run() itself, called in this process (as
+client and its servers together, and hands the seconds back through a pipe; nothing
+outside the namespace reaches the servers. The child and its namespace serve every
+measurement of the invocation (one TensorFlow import, ~3 s, instead of one per
+measurement; each measurement still starts servers of its own) until close(). run() itself, called in this process (as
 the tests do, and tf_tput.micro --expose_servers), leaves the servers' ports reachable
 from other machines that can reach this one, unauthenticated, while the run lasts.
 
@@ -76,10 +78,12 @@ worker that dies raises RuntimeError with the end of its log. Clean-up comes on 
 at most CLOSE_WAIT_S for the session's close and STOP_GRACE_S for the servers.
 """
 
-import argparse
+import atexit
+import contextlib
 import dataclasses
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -159,38 +163,78 @@ def run(spec) -> list:
 def run_private(spec) -> list:
   """run(spec) in a child process inside a private network namespace with nothing but
   loopback: the same client, servers and timing, out of other machines' reach. Needs
-  root and iproute2 (UsageError otherwise); Ctrl-C stops the child, which stops its
-  servers."""
+  root and iproute2 (UsageError otherwise). The child stays for the next spec until
+  close() or a spec that fails (its error, out of time, the child dead, Ctrl-C): then
+  it is stopped, its servers with it, and the next spec starts a fresh one."""
+  global _client
   _validate(spec)
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join(
-      [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  with islands.PrivateNetwork() as network, \
-      tempfile.TemporaryDirectory(prefix="tf_tput_micro_tf_") as tmp:
-    out = os.path.join(tmp, "result.json")
-    client = processes.popen(network.exec_prefix() + [
-        sys.executable, "-m", CLIENT_MODULE, f"--spec={json.dumps(dataclasses.asdict(spec))}",
-        f"--out={out}"], env=env, stdin=subprocess.DEVNULL)
-    try:
-      code = client.wait(timeout=spec.timeout_s + LIFETIME_MARGIN_S)
-    except subprocess.TimeoutExpired:
-      raise TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} by "
-                         f"{LIFETIME_MARGIN_S:g} s ({spec.mode}, hosts={spec.hosts})"
-                         ) from None
-    finally:  # SIGTERM first: the child stops its servers (main())
-      processes.stop([client], STOP_GRACE_S + CLOSE_WAIT_S + 1)
-    try:
-      with open(out) as f:
-        result = json.load(f)
-    except (OSError, ValueError):
-      raise RuntimeError(f"tf: the client in the private network namespace "
-                         f"{processes.how(code)} without a result; see its output "
-                         "above") from None
+  if _client is None:
+    _client = _PrivateClient()
+  try:
+    result = _client.ask(spec)
+  except BaseException:
+    close()
+    raise
   if "error" in result:
+    close()  # a fresh client for what comes next: nothing of a failed run stays
     kind = _ERROR_TYPES.get(result["type"])
     raise (kind(result["error"]) if kind else
            RuntimeError(f"{result['type']}: {result['error']}"))
   return result["repeat_seconds"]
+
+
+def close() -> None:
+  """Stops run_private's child (SIGTERM: it stops its servers) and removes its
+  namespace; tf_tput.micro calls it once its runs are done, and at exit it runs."""
+  global _client
+  client, _client = _client, None
+  if client is not None:
+    client.close()
+
+
+class _PrivateClient:
+  """run_private's child (main() below) and its namespace: a spec as one JSON line in,
+  its result as one JSON line out."""
+
+  def __init__(self):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    self._stack = contextlib.ExitStack()
+    with self._stack:  # a start that fails part-way undoes what it did
+      network = self._stack.enter_context(islands.PrivateNetwork())
+      self._proc = processes.popen(
+          network.exec_prefix() + [sys.executable, "-m", CLIENT_MODULE], env=env,
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+      self._stack.callback(processes.stop, [self._proc],  # before the namespace goes
+                           STOP_GRACE_S + CLOSE_WAIT_S + 1)
+      self._stack = self._stack.pop_all()
+
+  def ask(self, spec) -> dict:
+    try:
+      self._proc.stdin.write(json.dumps(dataclasses.asdict(spec)) + "\n")
+      self._proc.stdin.flush()
+    except BrokenPipeError:
+      pass  # it has died: read() says how
+    ready, _, _ = select.select([self._proc.stdout], [], [],
+                                spec.timeout_s + LIFETIME_MARGIN_S)
+    if not ready:
+      raise TimeoutError(f"tf: the run passed timeout_s={spec.timeout_s} by "
+                         f"{LIFETIME_MARGIN_S:g} s ({spec.mode}, hosts={spec.hosts})")
+    line = self._proc.stdout.readline()
+    try:
+      return json.loads(line)
+    except ValueError:
+      raise RuntimeError(f"tf: the client in the private network namespace "
+                         f"{processes.how(self._proc.wait())} without a result; see its "
+                         "output above") from None
+
+  def close(self) -> None:
+    self._stack.close()
+
+
+_client = None  # run_private's _PrivateClient, once started
+atexit.register(close)
 
 
 def _validate(spec) -> None:
@@ -345,22 +389,23 @@ def _interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
-def main(argv=None) -> int:
-  """run_private's child: run() of --spec, its seconds or its error to --out."""
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument("--spec", required=True, help="a micro.Spec as JSON")
-  parser.add_argument("--out", required=True, help="where the result's JSON goes")
-  args = parser.parse_args(argv)
-  signal.signal(signal.SIGTERM, _interrupt)  # how run_private stops it: run() cleans up
+def main() -> int:
+  """run_private's child: for each micro.Spec, a JSON line on stdin, run() here and its
+  seconds or its error as a JSON line on stdout; until stdin closes or SIGTERM."""
+  results = os.fdopen(os.dup(1), "w")
+  os.dup2(2, 1)  # whatever else is printed goes to stderr, not between the results
+  signal.signal(signal.SIGTERM, _interrupt)  # how close() stops it: run() cleans up
   try:
-    result = {"repeat_seconds": run(micro.Spec(**json.loads(args.spec)))}
+    for line in sys.stdin:
+      try:
+        result = {"repeat_seconds": run(micro.Spec(**json.loads(line)))}
+      except Exception as e:  # noqa: BLE001: handed to run_private, which raises it
+        traceback.print_exc()
+        result = {"type": type(e).__name__, "error": str(e)}
+      results.write(json.dumps(result) + "\n")
+      results.flush()
   except KeyboardInterrupt:
     return 128 + signal.SIGINT
-  except Exception as e:  # noqa: BLE001: handed to run_private, which raises it
-    traceback.print_exc()
-    result = {"type": type(e).__name__, "error": str(e)}
-  with open(args.out, "w") as f:
-    json.dump(result, f)
   return 0
 
 
