@@ -1,7 +1,10 @@
 """--systems=ray: Ray actors with PyTorch AllReduce, the paper's Ray baseline.
 
-Each host is one Ray actor (a worker process) in a private Ray cluster that run()
-starts on loopback and stops before it returns. The actors join one
+Each host is one Ray actor (a worker process) in a private Ray cluster on loopback.
+run() starts the cluster and keeps it for the next spec of as many hosts (the next
+mode: a cluster's start-up is ~3 s, its actors' ~0.3 s); each spec has actors of its
+own, killed once it is measured. A spec with another host count, a failed run,
+close() and the process's exit stop the cluster. The actors join one
 torch.distributed gloo process group (rank = actor index, world = hosts). An actor
 holds its devices_per_host int32 scalars as one torch tensor; one computation is the
 local sum, dist.all_reduce(SUM) across actors, then every device value becomes
@@ -27,6 +30,7 @@ on success, failure, timeout and Ctrl-C) and the gloo rendezvous are
 tf_tput/frameworks/ray_cluster.py's, shared with --system=ray.
 """
 
+import atexit
 import time
 
 from tf_tput import micro
@@ -103,8 +107,8 @@ def run(spec: micro.Spec) -> list:
   deadline = ray_cluster.Deadline.after(spec.timeout_s)
   import ray
 
-  # Ray's CPUs are logical: one per host actor, so 4 hosts fit on 2 cores.
-  with ray_cluster.Cluster(num_cpus=spec.hosts) as cluster:
+  try:
+    cluster = _cluster_for(spec.hosts)
     deadline.where = f"the run's Ray cluster at {cluster.address}"
     hosts = _start_hosts(ray, spec, deadline)
     cluster.track()
@@ -115,7 +119,42 @@ def run(spec: micro.Spec) -> list:
       start = time.perf_counter()
       bench.repeat()
       times.append(time.perf_counter() - start)
+    for host in hosts:  # their CPUs, for the next spec's actors
+      ray.kill(host)
     return times
+  except BaseException:
+    close()  # nothing of a failed run stays
+    raise
+
+
+def close() -> None:
+  """Stops the kept cluster, with whatever it started (tf_tput.micro calls it once
+  its runs are done; at exit it runs)."""
+  global _kept
+  kept, _kept = _kept, None
+  if kept is not None:
+    kept.stop()
+
+
+def _cluster_for(hosts: int):
+  """The kept cluster if it has one logical CPU per host (one per actor, so 4 hosts
+  fit on 2 cores), else a new one, kept."""
+  global _kept
+  if _kept is not None and _kept.num_cpus != hosts:
+    close()
+  if _kept is None:
+    cluster = ray_cluster.Cluster(num_cpus=hosts)
+    try:
+      cluster.start()
+    except BaseException:
+      cluster.stop()  # what a start that failed part-way started
+      raise
+    _kept = cluster
+  return _kept
+
+
+_kept = None  # the private ray_cluster.Cluster run() keeps for the next spec
+atexit.register(close)
 
 
 def _start_hosts(ray, spec, deadline):
