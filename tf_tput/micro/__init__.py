@@ -28,7 +28,7 @@ A system module (tf_tput/micro/<system>.py) defines:
       results checked. It starts its hosts as local processes on loopback and stops
       every one of them, on success, failure, timeout and Ctrl-C.
   close() (optional): stops whatever run() keeps from one run to the next (tf's
-      client process); tf_tput.micro calls it once its runs are done.
+      client process, ray's cluster); tf_tput.micro calls it once its runs are done.
 """
 
 import dataclasses

@@ -10,8 +10,9 @@ not have as not applicable, a failed run as failed; the others still run.
 
 TF's servers listen on every interface, so each tf run goes inside a private network
 namespace with nothing but loopback, its client with it (tf_single.run_private; needs
-root and iproute2); one client process there serves every tf run of the invocation. Where none can be made, --systems with tf is refused in one line
-unless --expose_servers accepts servers reachable from other machines.
+root and iproute2); one client process there serves every tf run of the invocation.
+Where none can be made, --systems with tf is refused in one line unless
+--expose_servers accepts servers reachable from other machines.
 """
 
 import sys

@@ -19,9 +19,10 @@ with nothing but loopback (runtime.islands.PrivateNetwork) runs run() there, the
 client and its servers together, and hands the seconds back through a pipe; nothing
 outside the namespace reaches the servers. The child and its namespace serve every
 measurement of the invocation (one TensorFlow import, ~3 s, instead of one per
-measurement; each measurement still starts servers of its own) until close(). run() itself, called in this process (as
-the tests do, and tf_tput.micro --expose_servers), leaves the servers' ports reachable
-from other machines that can reach this one, unauthenticated, while the run lasts.
+measurement; each measurement still starts servers of its own) until close().
+run() itself, called in this process (as the tests do, and tf_tput.micro
+--expose_servers), leaves the servers' ports reachable from other machines that can
+reach this one, unauthenticated, while the run lasts.
 
 Client. The calling process holds one tf.compat.v1.Session on grpc://<worker 0> and
 builds, in its own tf.Graph, ops placed on /job:worker/replica:0/task:i/device:CPU:j.
@@ -215,7 +216,7 @@ class _PrivateClient:
       self._proc.stdin.write(json.dumps(dataclasses.asdict(spec)) + "\n")
       self._proc.stdin.flush()
     except BrokenPipeError:
-      pass  # it has died: read() says how
+      pass  # it has died: the read below says how
     ready, _, _ = select.select([self._proc.stdout], [], [],
                                 spec.timeout_s + LIFETIME_MARGIN_S)
     if not ready:
