@@ -3,6 +3,7 @@
     python -m tf_tput.plan --gin_file=decoder_136b --gin_file=data2_model2 [--format=json]
     python -m tf_tput.plan --gin_file=decoder_3b --gin_file=data8 --gin_file=s16_m64 \
         --gin_param='TrainConfig.global_batch = 2048'
+    python -m tf_tput.plan --gin_file=t5_base --fit_memory_gib=64  # the largest batch
 
 A --gin_file is a file name of gin/ (models/, mesh/, pipeline/) or a path
 (config.resolve_gin_file). With a pipeline (gin/pipeline/), the mesh is one stage's
@@ -38,6 +39,10 @@ flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mes
                           "(a file name such as t5_small, or a path).")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
 flags.DEFINE_enum("format", "text", ["text", "json"], "Output format.")
+flags.DEFINE_float("fit_memory_gib", None, "Plan the largest global batch, doubling "
+                   "from the config's, whose bytes per device (the largest stage's "
+                   "parameters, Adafactor slots and estimated activations) fit in this "
+                   "many GiB of one device's memory.")
 flags.DEFINE_integer("islands", 1, "Project data parallelism across this many islands.")
 flags.DEFINE_integer("devices_per_island", None, "With --islands: accelerators per "
                      "island (unset: the mesh's devices / islands).")
@@ -194,9 +199,41 @@ def format_pipeline_islands(d: dict, model: str, source: str) -> str:
   return "\n".join(lines)
 
 
+def largest_fitting(gin_files, gin_params, memory_bytes: float):
+  """(the experiment of the largest global batch, doubling from the config's, whose
+  largest stage's total bytes per device fit in memory_bytes; the next batch's bytes).
+  UsageError where even the config's batch does not fit."""
+  def load(batch):
+    bound = [] if batch is None else [f"TrainConfig.global_batch = {batch}"]
+    experiment = config.load_experiment(gin_files, list(gin_params) + bound)
+    return experiment, max(s["total_bytes"] for s in pipeline.stage_plan(experiment))
+
+  fitting, need = load(None)
+  if need > memory_bytes:
+    raise UsageError(f"--fit_memory_gib={memory_bytes / 2**30:g}: the config's global "
+                     f"batch {fitting.train.global_batch} already needs {_gib(need)} "
+                     "per device; give more memory or a smaller batch")
+  while True:
+    larger, need = load(2 * fitting.train.global_batch)
+    if need > memory_bytes:
+      return fitting, need
+    fitting = larger
+
+
 def run() -> int:
   experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
+  fit_line = None
+  if FLAGS.fit_memory_gib is not None:
+    if not FLAGS.fit_memory_gib > 0:
+      raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB)")
+    experiment, next_bytes = largest_fitting(FLAGS.gin_file, FLAGS.gin_param,
+                                             FLAGS.fit_memory_gib * 2**30)
+    fit_line = (f"fits {FLAGS.fit_memory_gib:g} GiB   global batch "
+                f"{experiment.train.global_batch} (twice that needs {_gib(next_bytes)} "
+                "per device)")
   p = plan(experiment)
+  if fit_line:
+    p["fit"] = {"memory_gib": FLAGS.fit_memory_gib, "next_batch_bytes": next_bytes}
   source = None
   if FLAGS.islands > 1:
     per_island, assumptions, source = _assumptions(experiment)
@@ -212,6 +249,8 @@ def run() -> int:
     print(json.dumps(p))
   else:
     print(format_text(p))
+    if fit_line:
+      print(fit_line)
     if "islands" in p:
       print(format_pipeline_islands(p["islands"], p["model"], source)
             if experiment.pipelined else format_islands(p["islands"], p["model"], source))

@@ -99,3 +99,21 @@ def test_plan_projects_the_papers_pipeline_across_four_islands():
   assert "4 of 16 stages each" in text and "published (Table 2)    S=16, M=64" in text
   bad = run_cli("tf_tput.plan", *args[:-4], "--islands=3", "--devices_per_island=32")
   assert bad.returncode == 2 and "multiple of 3" in bad.stderr
+
+
+def test_fit_memory_plans_the_largest_batch_that_fits_and_refuses_what_cannot():
+  args = ("--gin_file=t5_base", "--gin_param=ModelConfig.activation_dtype = 'bfloat16'")
+  proc = run_cli("tf_tput.plan", *args, "--fit_memory_gib=40", "--format=json")
+  assert proc.returncode == 0, proc.stderr
+  plan = json.loads(proc.stdout)
+  batch, limit = plan["global_batch"], 40 * 2**30
+  assert batch > 8 and batch % 8 == 0  # doubled from the file's 8
+  assert max(s["total_bytes"] for s in plan["stages"]) <= limit
+  assert plan["fit"]["next_batch_bytes"] > limit  # twice the batch does not fit
+  twice = json.loads(run_cli("tf_tput.plan", *args, "--format=json",
+                             f"--gin_param=TrainConfig.global_batch = {2 * batch}").stdout)
+  assert max(s["total_bytes"] for s in twice["stages"]) == plan["fit"]["next_batch_bytes"]
+  for value, message in (("0.5", "already needs"), ("-1", "must be > 0")):
+    proc = run_cli("tf_tput.plan", *args, f"--fit_memory_gib={value}")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert proc.stderr.startswith(f"error: --fit_memory_gib={value}") and message in proc.stderr
