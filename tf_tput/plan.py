@@ -23,6 +23,7 @@ tf_tput.models, the same arithmetic the result records use.
 """
 
 import json
+import math
 
 from absl import app
 from absl import flags
@@ -224,8 +225,9 @@ def run() -> int:
   experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
   fit_line = None
   if FLAGS.fit_memory_gib is not None:
-    if not FLAGS.fit_memory_gib > 0:
-      raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB)")
+    if not 0 < FLAGS.fit_memory_gib < math.inf:  # NaN too; inf would never stop doubling
+      raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB) "
+                       "and finite")
     experiment, next_bytes = largest_fitting(FLAGS.gin_file, FLAGS.gin_param,
                                              FLAGS.fit_memory_gib * 2**30)
     fit_line = (f"fits {FLAGS.fit_memory_gib:g} GiB   global batch "

@@ -113,7 +113,8 @@ def test_fit_memory_plans_the_largest_batch_that_fits_and_refuses_what_cannot():
   twice = json.loads(run_cli("tf_tput.plan", *args, "--format=json",
                              f"--gin_param=TrainConfig.global_batch = {2 * batch}").stdout)
   assert max(s["total_bytes"] for s in twice["stages"]) == plan["fit"]["next_batch_bytes"]
-  for value, message in (("0.5", "already needs"), ("-1", "must be > 0")):
+  for value, message in (("0.5", "already needs"), ("-1", "must be > 0"),
+                         ("inf", "finite")):
     proc = run_cli("tf_tput.plan", *args, f"--fit_memory_gib={value}")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert proc.stderr.startswith(f"error: --fit_memory_gib={value}") and message in proc.stderr
