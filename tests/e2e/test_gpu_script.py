@@ -52,9 +52,12 @@ def test_a_dry_run_plans_the_batch_and_names_the_four_runs_without_tensorflow(tm
     assert "--gin_param=ModelConfig.activation_dtype = 'bfloat16'" in argv
 
 
-def test_without_a_gpu_or_with_a_bad_memory_it_says_so_in_one_line():
+def test_without_a_gpu_or_with_a_bad_memory_it_says_so_in_one_line(tmp_path):
+  # An nvidia-smi that lists no GPU, first on the path: no GPU, even on a machine with one.
+  (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+  (tmp_path / "nvidia-smi").chmod(0o755)
   for args, message in (((), "no NVIDIA GPU found"),
                         (("--dry_run", "--memory_gib=abc"), "--memory_gib=abc")):
-    proc = _run(*args, env={"PATH": "/usr/bin:/bin"})  # no nvidia-smi here
+    proc = _run(*args, env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
     assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
     assert message in proc.stderr
