@@ -45,6 +45,7 @@ def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
         config.load_experiment(["t5_tiny"]).model)
     assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
     assert record["env"]["torch"]
+    assert record["compilation_cache"] is None  # eager: nothing asked torch.compile's
     assert all(isinstance(x, float) and math.isfinite(x) for x in record["losses"])
   assert (alone["num_processes"], alone["num_devices"], alone["strategy"]) == (
       1, 1, "local")

@@ -11,10 +11,8 @@ Compilation cache: JAX's persistent cache, under a directory train names (on by
 default), in a subdirectory per JAX version and host CPU model (below).
 """
 
-import hashlib
 import math
 import os
-import re
 import threading
 from typing import Optional
 
@@ -76,14 +74,9 @@ CACHE_MAX_BYTES = 8 * 2 ** 30
 def cache_subdirectory(jax_version: str, cpu_model: str, cpu_flags: set) -> str:
   """Where under the cache directory this JAX keeps its entries. JAX's key covers the
   computation, compile options, XLA flags, jaxlib and the platform's name and version,
-  but an XLA:CPU platform's version is just "cpu": an executable compiled for one
-  host CPU's instructions must not be loaded on another's (a cache in a shared home
-  directory; a VM's CPU model may not tell its instruction sets apart), hence one
-  subdirectory per CPU model and instruction-set flags; per JAX version so old
-  entries can be deleted as a whole."""
-  flags = hashlib.sha256(" ".join(sorted(cpu_flags)).encode()).hexdigest()[:8]
-  return re.sub(r"[^A-Za-z0-9.]+", "-",
-                f"jax-{jax_version}-{cpu_model}-{flags}").strip("-")
+  but an XLA:CPU platform's version is just "cpu", hence one subdirectory per JAX
+  version and host CPU (provenance.host_cache_subdirectory)."""
+  return provenance.host_cache_subdirectory(f"jax-{jax_version}", cpu_model, cpu_flags)
 
 
 class JaxRuntime:

@@ -10,6 +10,11 @@ coordinator's (loopback) address only, then gloo on CPUs, its sockets pinned to 
 loopback interface, or NCCL on GPUs. Processes sharing a CPU split its cores between
 them (torch.set_num_threads); the peak probe uses them all, since the others wait.
 The process group is destroyed at exit, so no process hangs in its teardown.
+
+Compilation cache (torch.compile's, TorchOptions.compile): inductor's FX graph and
+AOTAutograd caches, under the directory train names (on by default) in a
+subdirectory per torch version and host CPU, instead of inductor's default under
+/tmp. A hit skips inductor's code generation and C++ builds; Dynamo still traces.
 """
 
 import atexit
@@ -102,10 +107,53 @@ def leave_processes(dist) -> None:
     dist.destroy_process_group()
 
 
+# torch._dynamo's counters of inductor's FX graph cache: a graph it compiled is a
+# miss, one it loaded a hit; a bypass is a graph it cannot cache (compiled each run).
+CACHE_COUNTERS = ("inductor", "fxgraph_cache_hit", ("fxgraph_cache_miss",
+                                                    "fxgraph_cache_bypass"))
+
+
 class TorchRuntime:
   name = "torch"
   finds_local_tpus = False
   serves_workers = False   # processes come from tf_tput.launch --num_processes
+
+  def __init__(self):
+    self._counted_from = None  # the counters when compilation_cache() was called
+
+  def compilation_cache(self, directory: Optional[str]) -> None:
+    """Keeps torch.compile's compiled graphs under `directory` (None: inductor's and
+    AOTAutograd's caches off) and counts hits and misses from here on
+    (compilation_cache_hit). Before anything compiles."""
+    import torch._functorch.config as autograd_config
+    import torch._inductor.config as inductor_config
+    on = directory is not None
+    inductor_config.fx_graph_cache = on
+    autograd_config.enable_autograd_cache = on
+    if on:
+      import torch
+      path = os.path.join(directory, provenance.host_cache_subdirectory(
+          f"torch-{torch.__version__}", provenance.cpu_model(), provenance.cpu_flags()))
+      os.makedirs(path, exist_ok=True)
+      os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # inductor reads it when it writes
+    self._counted_from = self._cache_counts()
+
+  @staticmethod
+  def _cache_counts() -> tuple:
+    from torch._dynamo.utils import counters
+    group, hit, misses = CACHE_COUNTERS
+    return counters[group][hit], sum(counters[group][m] for m in misses)
+
+  def compilation_cache_hit(self) -> Optional[bool]:
+    """True when every graph compiled since compilation_cache() came from the cache,
+    False when one at least was compiled, None when none was (eager, or never set)."""
+    if self._counted_from is None:
+      return None
+    hits, misses = (now - then for now, then in zip(self._cache_counts(),
+                                                    self._counted_from))
+    if not hits and not misses:
+      return None
+    return misses == 0
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     """Nothing in the environment to check: the launcher's variables are its own."""

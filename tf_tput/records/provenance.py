@@ -1,9 +1,11 @@
 """Where a result came from: library versions, hardware, and the git commit."""
 
+import hashlib
 import importlib.metadata
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 
@@ -50,6 +52,17 @@ def cpu_flags() -> set:
   except OSError:
     pass
   return set()
+
+
+def host_cache_subdirectory(framework_version: str, model: str, flags: set) -> str:
+  """A compilation cache's subdirectory for one framework version on one kind of host
+  CPU, e.g. "jax-0.10.2-AMD-EPYC-7B13-1a2b3c4d". Compiled CPU code is for the host's
+  instruction sets, and a framework's own key may not tell hosts apart (XLA:CPU's
+  platform version is just "cpu"; a VM's CPU model may hide its instruction sets), so
+  a cache in a shared home directory keeps one subdirectory per CPU model and flag
+  set; per framework version, so old entries can be deleted as a whole."""
+  digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:8]
+  return re.sub(r"[^A-Za-z0-9.]+", "-", f"{framework_version}-{model}-{digest}").strip("-")
 
 
 def native_bfloat16(flags=None) -> list:
