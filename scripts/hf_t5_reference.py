@@ -24,6 +24,7 @@ from absl import flags
 from tf_tput import config, data, errors, models
 from tf_tput.errors import UsageError
 from tf_tput.measure import loop, metrics
+from tf_tput.runtime import host_memory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", ["t5_small"], "Gin file of an encoder-decoder model.")
@@ -32,6 +33,8 @@ flags.DEFINE_integer("global_batch", 8, "Examples per step.")
 flags.DEFINE_integer("steps", 10, "Measured steps.")
 flags.DEFINE_integer("warmup_steps", 1, "Unmeasured first steps.")
 flags.DEFINE_integer("threads", None, "torch.set_num_threads (unset: torch's default).")
+flags.DEFINE_bool("keep_freed_memory", True, "As tf_tput.train's flag: keep freed host "
+                  "memory for reuse, so the reference runs as the systems do.")
 
 
 class HfT5Trainer:
@@ -92,6 +95,8 @@ def run() -> int:
     raise UsageError(f"{e.name} is not installed: pip install -e '.[compare]'") from None
   if FLAGS.threads:
     torch.set_num_threads(FLAGS.threads)
+  allocator = (host_memory.keep_freed_memory() if FLAGS.keep_freed_memory
+               else host_memory.state())
   trainer = HfT5Trainer(m)
   measurement = loop.run(trainer, data.batches(experiment), FLAGS.steps, FLAGS.warmup_steps)
   summary = metrics.summarize(measurement, experiment, 1, None)
@@ -101,7 +106,7 @@ def run() -> int:
   print(f"hf_t5 {m.name} ({trainer.num_params:,} params), batch {FLAGS.global_batch}, "
         f"{torch.get_num_threads()} threads: tokens/s {summary['tokens_per_sec']:,.1f}, "
         f"step time median {summary['step_time_s']['median']:.4f}s, final loss "
-        f"{measurement.losses[-1]:.4f}")
+        f"{measurement.losses[-1]:.4f}; allocator: {allocator}")
   return 0
 
 

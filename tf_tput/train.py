@@ -20,7 +20,7 @@ from absl import logging
 from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, keys, provenance, results
-from tf_tput.runtime import islands, topology as topology_lib
+from tf_tput.runtime import host_memory, islands, topology as topology_lib
 from tf_tput.errors import UsageError
 
 
@@ -85,6 +85,10 @@ flags.DEFINE_bool("reprobe_peak", False, "Measure this CPU's matmul peak (MFU's 
                   "denominator) again, and keep the new one, instead of the probe kept "
                   "in $XDG_CACHE_HOME/tf_tput/peaks.json (~/.cache/tf_tput/ without "
                   "XDG_CACHE_HOME) for this CPU, framework version and dtype.")
+flags.DEFINE_bool("keep_freed_memory", True, "Keep freed host memory for reuse (glibc's "
+                  "malloc: no mmap, no trim) so a step's temporaries do not fault in "
+                  "fresh pages every step; --nokeep_freed_memory leaves the libc's "
+                  "default. Records say which (env.host_allocator).")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
@@ -92,7 +96,7 @@ FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warm
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
              "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
-             "compilation_cache_dir", "reprobe_peak")
+             "compilation_cache_dir", "reprobe_peak", "keep_freed_memory")
 
 
 def _bindings() -> list:
@@ -514,6 +518,8 @@ def run() -> int:
   # Startup's origin (docs/measurement.md, "Startup"): everything from here to the
   # built trainer but the peak probe is build_s.
   run_started = loop.CLOCK()
+  if FLAGS.keep_freed_memory:  # before any framework allocates
+    host_memory.keep_freed_memory()
   experiment, tpu_address, malformed, cache_dir = _checked_request()
   run_key = _run_key()
   system = systems.load(FLAGS.system)

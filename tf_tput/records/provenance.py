@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from tf_tput import REPO_ROOT
+from tf_tput.runtime import host_memory
 
 # env key -> distributions its version is read from (None when not installed): what
 # every run uses; each system adds what it is built from (System.distributions).
@@ -82,7 +83,8 @@ def env(accelerators: list, distributions: dict) -> dict:
   out = {"python": sys.version.split()[0]}
   out.update(versions({**distributions, **DISTRIBUTIONS}))
   out.update(platform=platform.platform(), cpu=cpu_model(), cpu_count=os.cpu_count(),
-             cpu_bfloat16=native_bfloat16(), accelerators=accelerators)
+             cpu_bfloat16=native_bfloat16(), accelerators=accelerators,
+             host_allocator=host_memory.state())
   return out
 
 

@@ -33,8 +33,12 @@ REPLICA = "tf_tput.systems.torch_trainer:TorchTrainer"
 class TrainerActor:
   """One device: a TorchTrainer for its rows of every global batch."""
 
-  def __init__(self, rank: int, world_size: int, device: str, threads: int):
+  def __init__(self, rank: int, world_size: int, device: str, threads: int,
+               keep_freed_memory: bool = False):
     import torch
+    from tf_tput.runtime import host_memory
+    if keep_freed_memory:  # as the driver does (train --keep_freed_memory)
+      host_memory.keep_freed_memory()
     torch.set_num_threads(threads)  # the actors share this node's cores
     self._rank, self._world_size, self._device = rank, world_size, device
     self._listener, self._trainer = None, None
@@ -83,6 +87,7 @@ class RayTrainer:
                options: Optional[dict] = None):
     import ray
     from tf_tput.frameworks import ray_cluster, torch_runtime
+    from tf_tput.runtime import host_memory
     self._ray = ray
     self._cluster = topology.handles["cluster"]
     self._actors, self._pids = [], []
@@ -98,7 +103,8 @@ class RayTrainer:
     threads = max(1, torch_runtime.host_cores() // count) if not gpu else 1
     actor = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)(TrainerActor)
     try:
-      self._actors = [actor.remote(rank, count, "cuda" if gpu else "cpu", threads)
+      self._actors = [actor.remote(rank, count, "cuda" if gpu else "cpu", threads,
+                                   host_memory.kept())
                       for rank in range(count)]
       self._pids = ray_cluster.get(ray, [a.pid.remote() for a in self._actors], deadline,
                                    f"starting {count} actor(s)")
