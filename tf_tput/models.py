@@ -4,16 +4,14 @@ One place for these formulas: `tf_tput.plan` prints them, `tf_tput.measure.metri
 for MFU, and tests pin them against the variables mesh_tensorflow actually creates.
 Variable shapes follow mesh_tensorflow.transformer (mtf dimension names, attention
 projections with heads and d_kv combined into one "heads" dimension).
-"""
 
-from __future__ import annotations
+`m` is always a config.ModelConfig, read by its fields: config validates layouts
+with this arithmetic, so imports go config -> pipeline -> models and never back, not
+even for annotations (tests/unit/test_imports.py).
+"""
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # for annotations only: config imports this module to validate layouts
-  from tf_tput.config import ModelConfig
 
 # mtf's Unitransformer pads the vocabulary to a multiple of this (vocab_divisor).
 VOCAB_DIVISOR = 128
@@ -42,7 +40,7 @@ def padded_vocab(vocab_size: int) -> int:
   return -(-vocab_size // VOCAB_DIVISOR) * VOCAB_DIVISOR
 
 
-def _attention(prefix: str, m: ModelConfig, relative_bias: bool) -> list:
+def _attention(prefix: str, m, relative_bias: bool) -> list:
   d, inner = ("d_model", m.d_model), ("heads", m.num_heads * m.d_kv)
   out = [Variable(f"{prefix}/{w}", (d, inner)) for w in "qkv"]
   out.append(Variable(f"{prefix}/o", (inner, d)))
@@ -75,7 +73,7 @@ def relative_bias_name(stack: str) -> str:
   return f"{block_name(stack, 0)}/{layer_name(0)}/SelfAttention/relative_attention_bias"
 
 
-def _stack(stack: str, m: ModelConfig, with_enc_dec_attention: bool) -> list:
+def _stack(stack: str, m, with_enc_dec_attention: bool) -> list:
   d = ("d_model", m.d_model)
   out = []
   for block in range(m.num_layers):
@@ -92,7 +90,7 @@ def _stack(stack: str, m: ModelConfig, with_enc_dec_attention: bool) -> list:
   return out
 
 
-def variables(m: ModelConfig) -> list:
+def variables(m) -> list:
   """The trainable variables mesh_tensorflow.transformer creates for this model.
 
   T5 v1.0: one embedding shared by encoder, decoder and softmax. Decoder-only: the
@@ -118,22 +116,22 @@ ACTIVATION_DIMS = (
 )
 
 
-def tensor_dim_names(m: ModelConfig) -> list:
+def tensor_dim_names(m) -> list:
   """Every combination of dimension names that occurs in one tensor, in a fixed order."""
   combos = [tuple(name for name, _ in v.dims) for v in variables(m)] + list(ACTIVATION_DIMS)
   return list(dict.fromkeys(combos))
 
 
-def num_params(m: ModelConfig) -> int:
+def num_params(m) -> int:
   return sum(v.size for v in variables(m))
 
 
-def tokens_per_example(m: ModelConfig, inputs_length: int, targets_length: int) -> int:
+def tokens_per_example(m, inputs_length: int, targets_length: int) -> int:
   """Positions fed to the model: encoder inputs + decoder targets, or targets alone."""
   return targets_length + (inputs_length if m.arch == "encoder_decoder" else 0)
 
 
-def forward_matmul_flops(m: ModelConfig, inputs_length: int, targets_length: int) -> int:
+def forward_matmul_flops(m, inputs_length: int, targets_length: int) -> int:
   """Forward matmul FLOPs of one example (2 per multiply-add).
 
   Counted: every dense projection, attention scores and attention-weighted values in
@@ -161,7 +159,7 @@ def forward_matmul_flops(m: ModelConfig, inputs_length: int, targets_length: int
   return encoder + decoder + enc_dec + logits
 
 
-def model_flops_per_token(m: ModelConfig, inputs_length: int, targets_length: int) -> float:
+def model_flops_per_token(m, inputs_length: int, targets_length: int) -> float:
   """Training FLOPs per position: 3 x forward (forward + two backward matmuls)."""
   return (3 * forward_matmul_flops(m, inputs_length, targets_length)
           / tokens_per_example(m, inputs_length, targets_length))
@@ -185,7 +183,7 @@ def adafactor_slot_dims(v: Variable) -> list:
   return [tuple(x for x in dims if x != d0), tuple(x for x in dims if x != d1)]
 
 
-def bytes_per_device(m: ModelConfig, mesh_shape: dict, layout: dict) -> dict:
+def bytes_per_device(m, mesh_shape: dict, layout: dict) -> dict:
   """Training state on each device: sharded parameters and Adafactor slots.
 
   Activations and framework copies (PlacementMeshImpl's unsharded master variables)

@@ -13,18 +13,15 @@ lighter than a layer-only stage and the inner ones take the extra layers first.
 The devices split into S consecutive equal groups, stage s taking group s; the mesh
 file's layout applies inside each group. Only decoder-only models pipeline (Table 2's).
 Nothing here imports a framework: config.validate calls validate() in milliseconds.
+`experiment` is always a config.Experiment, read and never imported (config imports
+this module; imports go config -> pipeline -> models).
 """
 
-from __future__ import annotations
-
 import re
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 from tf_tput import models
 from tf_tput.errors import UsageError
-
-if TYPE_CHECKING:
-  from tf_tput.config import Experiment
 
 SCHEDULES = ("gpipe",)  # all micro-batches forward, then all backward; one update
 _BLOCK = re.compile(r"/block_(\d+)/")
@@ -78,7 +75,7 @@ def variable_stage(name: str, num_layers: int, stages: int) -> int:
   raise ValueError(f"{name}: layer {layer} is in no stage of {num_layers} layers")
 
 
-def validate(experiment: Experiment, num_devices: Optional[int] = None) -> None:
+def validate(experiment, num_devices: Optional[int] = None) -> None:
   """Raises UsageError naming the first bad pipeline value and its fix."""
   p, m, t = experiment.pipeline, experiment.model, experiment.train
   for name in ("stages", "micro_batches"):
@@ -133,7 +130,7 @@ def _shards(size: int, name: str, mesh_shape: dict, layout: dict) -> float:
   return size / mesh_shape[axis] if axis in mesh_shape else size
 
 
-def stage_plan(experiment: Experiment) -> list:
+def stage_plan(experiment) -> list:
   """Per stage: its layers, parameters, and bytes per device of its parameters,
   Adafactor slots and activations (an estimate; see activation_bytes)."""
   m, p = experiment.model, experiment.pipeline
@@ -160,7 +157,7 @@ def stage_plan(experiment: Experiment) -> list:
   return rows
 
 
-def activation_bytes(experiment: Experiment, stage: int) -> int:
+def activation_bytes(experiment, stage: int) -> int:
   """Activation bytes on one device of a stage, an estimate for a rematerialised
   GPipe step: the stage's input of each of the M+S-1 loop iterations is kept for
   the backward pass, plus the tensors one micro-batch's pass through the stage's
@@ -187,7 +184,7 @@ def activation_bytes(experiment: Experiment, stage: int) -> int:
   return int(tokens * (boundary + (stop - start) * per_layer + ends))
 
 
-def record_fields(experiment: Experiment) -> dict:
+def record_fields(experiment) -> dict:
   """The result record's pipeline fields (records/results.py)."""
   p = experiment.pipeline
   return {"pipeline_stages": p.stages, "micro_batches": p.micro_batches,
