@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from tf_tput.frameworks import pathways_runtime
 from tf_tput.records import results
+from tf_tput.systems.jax.pathways import runtime as pathways_runtime
 
 from cli_helpers import error_lines, run_cli
 

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from tf_tput import micro
-from tf_tput.frameworks import tf_workers
 from tf_tput.micro import tf_single
+from tf_tput.systems.tensorflow import workers as tf_workers
 
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -1,5 +1,5 @@
-"""--system=mtf's GPipe pipeline (systems/mtf_pipeline.py) on 4 virtual CPU devices:
-from the unpipelined trainer's weights it trains the same function (step 0 and 10
+"""--system=mtf's GPipe pipeline (systems/tensorflow/mtf/pipeline.py) on 4 virtual CPU
+devices: from the unpipelined trainer's weights it trains the same function (step 0 and 10
 Adafactor steps), with the unpipelined variables, each stage's on its own devices."""
 
 import dataclasses
@@ -12,8 +12,8 @@ import pytest
 
 from tf_tput import config, data, models, pipeline
 from tf_tput.errors import UsageError
-from tf_tput.frameworks import tf_runtime
 from tf_tput.runtime import topology as topology_lib
+from tf_tput.systems.tensorflow import runtime as tf_runtime
 
 STEPS = 10
 STEP0_RTOL = 1e-5
@@ -89,7 +89,7 @@ def _here_or_in_a_fresh_process(request, fresh_outcomes):
 def runs(devices4):
   """Per case: the pipelined trainer (left open) and both trainers' losses over
   STEPS shared batches, the pipelined one from the unpipelined one's weights."""
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   if devices4 is None:  # they run in a fresh process (fresh_outcomes)
     yield None
     return
@@ -173,14 +173,14 @@ def test_each_stage_lives_on_its_device_group(runs, case):
   assert seen == set(run["weights"])
   # Activations forward M (S-1) times, the shared bias and embedding once per stage
   # that reads them; each transfer has its gradient's transfer back.
-  from tf_tput.systems.mtf_pipeline import StageTransfer
+  from tf_tput.systems.tensorflow.mtf.pipeline import StageTransfer
   M = run["experiment"].pipeline.micro_batches
   transfers = [op for op in lowering.graph.operations if isinstance(op, StageTransfer)]
   assert len(transfers) == 2 * (M * (S - 1) + (S - 1) + 1)
 
 
 def test_tpu_path_refuses_a_pipeline():
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   experiment = _experiment(COMMON + CASES["s2"][0])
   tpu = topology_lib.Topology("tf", "tpu", tuple(f"/device:TPU:{i}" for i in range(4)),
                               "TPU v3")
@@ -191,7 +191,7 @@ def test_tpu_path_refuses_a_pipeline():
 def test_packed_rows_pipeline_to_the_same_loss(devices4):
   """Several examples per row (targets_segmentation): every stage masks by it."""
   import numpy as np
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   packed = ("DataConfig.pack = True", "DataConfig.source = 'tfds'",
             "DataConfig.tfds_name = 'lm1b'")
   params, _ = CASES["s2"]

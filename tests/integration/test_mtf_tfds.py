@@ -13,8 +13,8 @@ import tensorflow_datasets as tfds
 
 from tf_tput import config, data, models
 from tf_tput.errors import UsageError
-from tf_tput.systems import mtf
 from tf_tput.runtime.topology import Topology
+from tf_tput.systems.tensorflow.mtf import system as mtf
 
 FOUR_SLICES_ON_ONE_CPU = Topology("tf", "cpu", ("",) * 4, "cpu")
 

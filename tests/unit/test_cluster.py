@@ -1,4 +1,5 @@
-"""TF_CONFIG checks, worker device lists and reachability (tf_tput.frameworks.tf_cluster)."""
+"""TF_CONFIG checks, worker device lists and reachability
+(tf_tput.systems.tensorflow.cluster)."""
 
 import json
 import socket
@@ -6,9 +7,9 @@ import time
 
 import pytest
 
-from tf_tput.frameworks import tf_cluster as cluster
 from tf_tput.runtime import processes
 from tf_tput.errors import UsageError
+from tf_tput.systems.tensorflow import cluster
 
 
 def _tf_config(**overrides):

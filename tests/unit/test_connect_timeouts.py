@@ -10,9 +10,10 @@ import types
 
 import pytest
 
-from tf_tput.frameworks import jax_runtime, tf_tpu
 from tf_tput.runtime import processes
 from tf_tput.runtime.tpu import TpuAddress
+from tf_tput.systems.jax import runtime as jax_runtime
+from tf_tput.systems.tensorflow import tpu as tf_tpu
 
 
 @pytest.mark.loopback_ports  # a port found free must stay unanswered (tests/conftest.py)
@@ -70,7 +71,7 @@ def test_a_jax_initialize_that_fails_fails_in_the_caller():
 
 
 def test_a_ray_wait_past_the_deadline_names_where_and_the_flag():
-  from tf_tput.frameworks import ray_cluster
+  from tf_tput.systems.torch.ray import cluster as ray_cluster
 
   class GetTimeoutError(Exception):
     pass

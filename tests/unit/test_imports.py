@@ -105,10 +105,9 @@ def test_config_pipeline_and_models_import_one_way():
 
 def test_no_module_imports_one_that_imports_it_back():
   graph = _parsed_graph()
-  assert graph["tf_tput.systems.mtf"] == {"tf_tput.errors", "tf_tput.systems.mtf_tpu",
-                                          "tf_tput.systems.mtf_pipeline",
-                                          "tf_tput.systems.mtf_trainer",
-                                          "tf_tput.frameworks.tf_runtime"}
+  mtf = "tf_tput.systems.tensorflow.mtf"
+  assert graph[f"{mtf}.system"] == {"tf_tput.errors", f"{mtf}.tpu", f"{mtf}.pipeline",
+                                    f"{mtf}.trainer", "tf_tput.systems.tensorflow.runtime"}
   assert _cycles(graph) == []
 
 

@@ -1,10 +1,10 @@
-"""tf_tput/frameworks/jax_runtime.py's persistent compilation cache, in-process with
+"""tf_tput/systems/jax/runtime.py's persistent compilation cache, in-process with
 small jitted functions: the same program hits, another program misses, off is off."""
 
 import numpy as np
 import pytest
 
-from tf_tput.frameworks import jax_runtime
+from tf_tput.systems.jax import runtime as jax_runtime
 
 
 @pytest.fixture

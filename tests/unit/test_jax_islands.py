@@ -1,4 +1,4 @@
-"""tf_tput/systems/jax_islands.py on 4 virtual CPU devices as 2 islands x 2: the same
+"""tf_tput/systems/jax/islands.py on 4 virtual CPU devices as 2 islands x 2: the same
 losses as the flat data-parallel trainer, and a compiled step whose only gradient
 traffic across islands is the all-reduce of each island's shard."""
 
@@ -17,10 +17,10 @@ pytest.importorskip("jax")
 SCRIPT = r"""
 import dataclasses, itertools, json, re
 from tf_tput import config, data
-from tf_tput.frameworks import jax_runtime
+from tf_tput.systems.jax import runtime as jax_runtime
 topo = jax_runtime.RUNTIME.resolve(4)
-from tf_tput.systems import jax_trainer
-from tf_tput.systems.jax_islands import JaxIslandTrainer
+from tf_tput.systems.jax import trainer as jax_trainer
+from tf_tput.systems.jax.islands import JaxIslandTrainer
 e = config.load_experiment(["gin/models/decoder_tiny.gin"], [
     "MeshConfig.mesh_shape = 'batch:4'", "DataConfig.targets_length = 32"])
 flat = jax_trainer.JaxTrainer(e, topo)

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from tf_tput.systems import jax_trainer
+from tf_tput.systems.jax import trainer as jax_trainer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""tf_tput/systems/jax_model.py against mesh_tensorflow itself: the mtf trainer's
+"""tf_tput/systems/jax/model.py against mesh_tensorflow itself: the mtf trainer's
 weights and batches through the JAX model give mtf's loss, step 0 and over 10 steps;
 and ModelConfig.scan_layers gives the unscanned model's loss, gradients and steps."""
 
@@ -16,8 +16,8 @@ import optax  # noqa: E402
 from tf_tput import config  # noqa: E402
 from tf_tput import data  # noqa: E402
 from tf_tput import models  # noqa: E402
-from tf_tput.systems import jax_model  # noqa: E402
 from tf_tput.runtime.topology import Topology  # noqa: E402
+from tf_tput.systems.jax import model as jax_model  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
@@ -43,7 +43,7 @@ def _experiment(name: str, params=()):
 
 
 def _mtf_trainer(experiment):
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   return mtf.SYSTEM.build(experiment, Topology("tf", "cpu", ("",), "cpu"))
 
 
@@ -336,7 +336,7 @@ def test_scanned_layers_give_the_unscanned_loss_and_gradients(name, dtype):
 
 def test_scanned_layers_train_as_unscanned_in_the_jax_trainer():
   """JaxTrainer (sharded, jitted, donated) from the same weights on the same batches."""
-  from tf_tput.systems.jax_trainer import JaxTrainer
+  from tf_tput.systems.jax.trainer import JaxTrainer
   topology = Topology("jax", "cpu", (str(jax.devices()[0]),), "cpu")
   plain, scanned = _scan_pair("decoder_tiny")
   batches = list(itertools.islice(data.batches(plain), 3))

@@ -1,4 +1,4 @@
-"""tf_tput/systems/jax_pipeline.py: the GPipe pipeline trains as the unpipelined
+"""tf_tput/systems/jax/pipeline.py: the GPipe pipeline trains as the unpipelined
 JaxTrainer does, from the same weights; its compiled step loops M+S-1 times and keeps
 each stage's layer weights and Adafactor state on that stage's devices.
 
@@ -103,8 +103,9 @@ def _scan_lengths(jaxpr, inside_shard_map=False, out=None):
 def _worker(case: str) -> dict:
   """Runs in the 4-device subprocess: unpipelined and pipelined, same weights."""
   from tf_tput import data, models
-  from tf_tput.frameworks import jax_runtime
-  from tf_tput.systems import jax_adapter, jax_pipeline, jax_trainer
+  from tf_tput.systems.jax import runtime as jax_runtime
+  from tf_tput.systems.jax import pipeline as jax_pipeline, system as jax_system
+  from tf_tput.systems.jax import trainer as jax_trainer
   stages, mesh, layers = CASES[case]
   reference = _experiment(1, f"batch:{DEVICES}", layers)
   piped = _experiment(stages, mesh, layers)
@@ -112,7 +113,7 @@ def _worker(case: str) -> dict:
   topology = jax_runtime.RUNTIME.resolve()  # this process's 4 devices, no islands
   trainer = jax_trainer.JaxTrainer(reference, topology)
   weights = trainer.export_variables()
-  pipe = jax_adapter.SYSTEM.build(piped, topology)
+  pipe = jax_system.SYSTEM.build(piped, topology)
   pipe.load_variables(weights)
   exported = pipe.export_variables()
   batches = list(itertools.islice(data.batches(reference), STEPS))
@@ -232,7 +233,7 @@ def test_stacked_adafactor_is_the_unstacked_optimizer_per_layer():
   """Factored shapes ([128, 256] weights) and 1-D scales: vmapped over [S, Lmax] the
   optimizer's updates and statistics are each layer's own."""
   import jax.numpy as jnp
-  from tf_tput.systems import jax_model, jax_pipeline
+  from tf_tput.systems.jax import model as jax_model, pipeline as jax_pipeline
   rng = np.random.default_rng(0)
   shapes = {"w": (128, 256), "scale": (128,)}
   params = {k: jnp.asarray(rng.normal(size=(2, 3, *s)), jnp.float32)

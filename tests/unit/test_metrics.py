@@ -103,7 +103,7 @@ def test_summarize_reports_startup_apart_from_the_steps(tiny_experiment):
 
 def test_tf_gpu_peak_bytes_sums_the_gpus_and_is_none_without():
   import types
-  from tf_tput.frameworks import tf_runtime
+  from tf_tput.systems.tensorflow import runtime as tf_runtime
   peaks = {"GPU:0": 3, "GPU:1": 4}
   experimental = types.SimpleNamespace(get_memory_info=lambda name: {"peak": peaks[name]})
   tf = types.SimpleNamespace(config=types.SimpleNamespace(experimental=experimental))

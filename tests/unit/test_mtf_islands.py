@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tf_tput import compat
-from tf_tput.systems import mtf_islands
+from tf_tput.systems.tensorflow.mtf import islands as mtf_islands
 
 
 def _reduce(num_islands, per_island, shape, fn="SUM"):

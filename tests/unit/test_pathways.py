@@ -10,8 +10,8 @@ import pytest
 
 from tf_tput import config, suite as suites, systems
 from tf_tput.errors import UsageError
-from tf_tput.frameworks import pathways_runtime
-from tf_tput.systems import jax_adapter
+from tf_tput.systems.jax import system as jax_system
+from tf_tput.systems.jax.pathways import runtime as pathways_runtime
 
 TARGET = "grpc://127.0.0.1:29000"
 
@@ -102,8 +102,8 @@ def test_virtual_cpu_devices_are_refused_before_jax_starts(monkeypatch):
 
 def test_it_is_the_jax_adapter_as_a_single_controller():
   system = systems.load("pathways")
-  assert isinstance(system, jax_adapter.JaxSystem)
-  assert type(system).build is jax_adapter.JaxSystem.build  # the same trainers
+  assert isinstance(system, jax_system.JaxSystem)
+  assert type(system).build is jax_system.JaxSystem.build  # the same trainers
   assert system.runtime is pathways_runtime.RUNTIME
   assert not system.multi_process and system.islands == () and system.strategies == (
       "local",)

@@ -78,11 +78,11 @@ def test_the_probe_checks_its_matmul_of_ones():
       peak_lib.check_matmul_corner(wrong, 64, "wrong")
 
 
-@pytest.mark.parametrize("runtime", ["jax_runtime", "tf_runtime"])
+@pytest.mark.parametrize("runtime", ["jax", "tensorflow"])
 def test_the_probe_runs_a_checked_matmul(runtime, monkeypatch):
   import importlib
   import types
-  runtime = importlib.import_module(f"tf_tput.frameworks.{runtime}").RUNTIME
+  runtime = importlib.import_module(f"tf_tput.systems.{runtime}.runtime").RUNTIME
   topology = types.SimpleNamespace(session_target=None, devices=["/CPU:0"])
   runtime.matmul_runner(topology, 32, "float32")()   # ones: the check passes
   seen = []
@@ -100,7 +100,8 @@ def _probe_order(monkeypatch, topology, probes: bool) -> tuple:
   monkeypatch.setattr(multihost_utils, "sync_global_devices", events.append)
   monkeypatch.setattr(peak_lib, "peak", lambda r, t, d, store: events.append(f"peak {d}")
                       or (7.0, "measured: fake"))
-  runtime = importlib.import_module(f"tf_tput.frameworks.{topology.framework}_runtime").RUNTIME
+  folder = {"jax": "jax", "tf": "tensorflow"}[topology.framework]  # runtime name -> folder
+  runtime = importlib.import_module(f"tf_tput.systems.{folder}.runtime").RUNTIME
   return events, peak_lib.probe_alone(runtime, topology, "float32", probes)
 
 

@@ -6,7 +6,7 @@ import pytest
 from tf_tput import config, models
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands
-from tf_tput.systems import jax_pipeline
+from tf_tput.systems.jax import pipeline as jax_pipeline
 
 PIPELINE = ["gin/models/decoder_deep.gin", "gin/mesh/data2.gin", "gin/pipeline/s4_m16.gin"]
 BINDINGS = ["TrainConfig.global_batch = 32", "DataConfig.targets_length = 64"]

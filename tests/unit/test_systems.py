@@ -128,7 +128,7 @@ def _doc_table(heading: str) -> set:
 @pytest.mark.parametrize("heading, protocol", [
     ("### The System", "tf_tput.systems.System"),
     ("### The Trainer", "tf_tput.systems.Trainer"),
-    ("### The Runtime", "tf_tput.frameworks.Runtime"),
+    ("### The Runtime", "tf_tput.runtime.Runtime"),
 ])
 def test_extending_md_lists_exactly_the_interface(heading, protocol):
   import importlib

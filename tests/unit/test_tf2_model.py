@@ -1,5 +1,5 @@
-"""tf_tput/systems/tf2.py (tf2_model.py under a strategy) against mesh_tensorflow itself:
-the mtf trainer's initial weights loaded into the TF2 trainer give mtf's loss at step 0
+"""tf_tput/systems/tensorflow/tf2/system.py (its model.py under a strategy) against
+mesh_tensorflow itself: the mtf trainer's initial weights loaded into the TF2 trainer give mtf's loss at step 0
 and over 10 Adafactor steps on one device. Replicas: tests/integration/test_tf2_strategy.py."""
 
 import functools
@@ -11,7 +11,7 @@ import pytest
 from tf_tput import config, data, models, systems
 from tf_tput.errors import UsageError
 from tf_tput.runtime.topology import Topology
-from tf_tput.systems import tf2
+from tf_tput.systems.tensorflow.tf2 import system as tf2
 
 STEPS = 10
 STEP0_RTOL = 1e-5        # float32, same weights and batch
@@ -33,7 +33,7 @@ def _rel(a: float, b: float) -> float:
 def _training_run(name: str, params: tuple = ()) -> dict:
   """STEPS steps of the mtf trainer and of the tf2 trainer (mtf's initial weights
   loaded) on the same batches."""
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   experiment = _experiment(name, params)
   reference = mtf.SYSTEM.build(experiment, Topology("tf", "cpu", ("",), "cpu"))
   trainer = tf2.SYSTEM.build(experiment, ONE_CPU)
@@ -73,7 +73,7 @@ def test_variables_are_mtfs(name):
 
 def test_bfloat16_step0_loss_matches_mtf_to_its_precision():
   """mtf computes and sums the loss in bfloat16: agreement is to one bfloat16 ulp."""
-  from tf_tput.systems import mtf
+  from tf_tput.systems.tensorflow.mtf import system as mtf
   experiment = _experiment("decoder_tiny", ["ModelConfig.activation_dtype = 'bfloat16'"])
   batch = next(data.batches(experiment))
   reference = mtf.SYSTEM.build(experiment, Topology("tf", "cpu", ("",), "cpu"))
@@ -101,7 +101,7 @@ def test_gather_embedding_gives_the_one_hot_loss():
 
 def test_adafactor_slots_are_mtfs():
   """Factored exactly where mtf factors (models.adafactor_slot_dims), over its dims."""
-  from tf_tput.systems import tf2_model
+  from tf_tput.systems.tensorflow.tf2 import model as tf2_model
   m = _experiment("decoder_tiny", FACTORED).model
   for v in models.variables(m):
     shape = tuple(size for _, size in v.dims)
@@ -111,7 +111,7 @@ def test_adafactor_slots_are_mtfs():
 
 
 def test_adafactor_learning_rate_and_decay_follow_mtf_step():
-  from tf_tput.systems import tf2_model
+  from tf_tput.systems.tensorflow.tf2 import model as tf2_model
   assert float(tf2_model.learning_rate(0)) == pytest.approx(0.01)
   assert float(tf2_model.learning_rate(20000)) == pytest.approx(20001 ** -0.5)
   assert float(tf2_model.decay_rate(0)) == 0.0

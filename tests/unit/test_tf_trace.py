@@ -2,7 +2,7 @@
 
 import pytest
 
-from tf_tput.frameworks import tf_trace
+from tf_tput.systems.tensorflow import trace as tf_trace
 
 step_stats_pb2 = pytest.importorskip("tensorflow.core.framework.step_stats_pb2")
 

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tf_tput.frameworks import torch_runtime  # noqa: E402
+from tf_tput.systems.torch import runtime as torch_runtime  # noqa: E402
 
 
 def _compile_and_run(function) -> None:

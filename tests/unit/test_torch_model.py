@@ -1,4 +1,4 @@
-"""tf_tput/systems/torch_model.py against jax_model (checked against mtf itself,
+"""tf_tput/systems/torch/model.py against jax_model (checked against mtf itself,
 tests/unit/test_jax_model.py): the same weights and batch give the same loss and
 gradients in float32 and bfloat16 with either embedding, and mtf's Adafactor gives
 optax.adafactor's update. The torch System's refusals. Launched processes and the
@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from tf_tput import config, data, models, systems  # noqa: E402
 from tf_tput.errors import UsageError  # noqa: E402
-from tf_tput.frameworks import torch_runtime  # noqa: E402
-from tf_tput.systems import torch_adapter, torch_model  # noqa: E402
-from tf_tput.systems.torch_trainer import TorchTrainer  # noqa: E402
+from tf_tput.systems.torch import runtime as torch_runtime  # noqa: E402
+from tf_tput.systems.torch import system as torch_system, model as torch_model  # noqa: E402
+from tf_tput.systems.torch.trainer import TorchTrainer  # noqa: E402
 
 # d_model 128 and 8 heads: embedding, q/k/v/o and wi/wo are factored by Adafactor.
 FACTORED = ("ModelConfig.d_model = 128", "ModelConfig.num_heads = 8")
@@ -32,7 +32,7 @@ def _experiment(name: str, dtype: str = "float32", embedding: str = "one_hot",
 
 def _same_params(m):
   """jax_model's initial values, as jax arrays and as torch tensors."""
-  from tf_tput.systems import jax_model
+  from tf_tput.systems.jax import model as jax_model
   params = jax_model.init_params(m, seed=0)
   return params, {k: torch.tensor(np.asarray(v)) for k, v in params.items()}
 
@@ -44,7 +44,7 @@ def _torch_batch(batch: dict) -> dict:
 def _jax_value_and_grad(m):
   """jax_model's loss and gradients, jitted (one compilation, not one per op)."""
   import jax
-  from tf_tput.systems import jax_model
+  from tf_tput.systems.jax import model as jax_model
   return jax.jit(jax.value_and_grad(jax_model.loss_fn), static_argnums=2)
 
 
@@ -74,7 +74,7 @@ def test_float32_loss_and_gradients_match_jax_model(name, embedding):
 def test_bfloat16_loss_matches_jax_model_to_its_precision(name, embedding):
   """mtf (and so jax_model) computes and sums the loss in bfloat16: one ulp."""
   import jax
-  from tf_tput.systems import jax_model
+  from tf_tput.systems.jax import model as jax_model
   experiment = _experiment(name, "bfloat16", embedding)
   m = experiment.model
   jax_params, torch_params = _same_params(m)
@@ -90,7 +90,7 @@ def test_adafactor_matches_optax_over_two_steps():
   import jax
   import jax.numpy as jnp
   import optax
-  from tf_tput.systems import jax_model
+  from tf_tput.systems.jax import model as jax_model
   rng = np.random.default_rng(0)
   shapes = {"vector": (7,), "small": (3, 5), "factored": (128, 160),
             "tall": (300, 128), "three_d": (4, 130, 128), "one_large": (2, 256)}
@@ -122,7 +122,7 @@ def test_trainer_matches_jax_over_three_factored_steps():
   with optax from the same weights, on batches that train a factored model."""
   import jax
   import optax
-  from tf_tput.systems import jax_model
+  from tf_tput.systems.jax import model as jax_model
   experiment = _experiment("decoder_tiny", params=FACTORED)
   m = experiment.model
   jax_params, _ = _same_params(m)
@@ -192,7 +192,7 @@ def test_compile_without_a_compiler_is_one_line(monkeypatch):
     systems.load("torch").check(experiment, "local")
   assert "\n" not in str(raised.value)
   monkeypatch.delenv("CXX")
-  if shutil.which(torch_adapter.cxx_compiler()):  # g++ found: accepted
+  if shutil.which(torch_system.cxx_compiler()):  # g++ found: accepted
     systems.load("torch").check(experiment, "local")
 
 

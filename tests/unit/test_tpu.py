@@ -13,10 +13,10 @@ import pytest
 from absl import flags
 
 from tf_tput import config, systems
-from tf_tput.frameworks import tf_tpu
 from tf_tput.runtime import topology, tpu
 from tf_tput.errors import UsageError
-from tf_tput.systems import mtf_model
+from tf_tput.systems.tensorflow import tpu as tf_tpu
+from tf_tput.systems.tensorflow.mtf import model as mtf_model
 
 tf = pytest.importorskip("tensorflow")
 
@@ -118,7 +118,7 @@ LAYOUT = "batch:batch;d_ff:model;heads:model;vocab:model"
 ])
 @pytest.mark.parametrize("order", ["v3-8", "reversed"])
 def test_replica_slices_are_mtf_simd_slicing(mesh_shape, layout, order):
-  from tf_tput.systems import mtf_tpu
+  from tf_tput.systems.tensorflow.mtf import tpu as mtf_tpu
   mtf, experiment, _, impl = _v3_8_simd_impl(mesh_shape, layout)
   logical_to_physical = [impl.l2p(p) for p in range(8)]
   if order == "reversed":  # any permutation: the slice follows the replica's pnum
@@ -147,7 +147,7 @@ def test_the_v3_8_order_is_not_the_listing_order():
 def test_each_replica_is_fed_only_its_batch_slice():
   """The TPU trainer's graph (built on the CPU: tpu.replicate needs the assignment,
   not the TPU): one placeholder per distinct slice, wired to the replicas that hold it."""
-  from tf_tput.systems import mtf_tpu
+  from tf_tput.systems.tensorflow.mtf import tpu as mtf_tpu
   _, experiment, on_tpu, impl = _v3_8_simd_impl("batch:4;model:2", LAYOUT)
   built = mtf_tpu.build_graph(experiment, on_tpu)
   batch, length = experiment.train.global_batch, experiment.data.targets_length

@@ -95,7 +95,7 @@ def _sharing(topology) -> int:
 
 def peak(runtime, topology, dtype: str, store=None) -> tuple:
   """(peak FLOP/s per device, peak_source): measured on CPUs, from the table else.
-  The runtime (tf_tput/frameworks/) runs the matmul: one n x n x n matmul of ones on
+  The runtime (tf_tput.runtime.Runtime) runs the matmul: one n x n x n matmul of ones on
   the first device, waited for and checked (check_matmul_corner); the matrix is an
   input, never a constant a compiler could fold. With a store (peak_store.PeakStore),
   this host's CPU is probed once: a kept probe is used, a new one kept."""

@@ -14,7 +14,7 @@ from absl import app
 from absl import flags
 
 from tf_tput import micro
-from tf_tput.frameworks import jax_runtime
+from tf_tput.systems.jax import runtime as jax_runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("spec", None, "micro.Spec as JSON.", required=True)

@@ -27,14 +27,14 @@ makes them wrong too.
 
 The cluster's lifecycle (private, on loopback; stopped with whatever it started,
 on success, failure, timeout and Ctrl-C) and the gloo rendezvous are
-tf_tput/frameworks/ray_cluster.py's, shared with --system=ray.
+tf_tput/systems/torch/ray/cluster.py's, shared with --system=ray.
 """
 
 import atexit
 import time
 
 from tf_tput import micro
-from tf_tput.frameworks import ray_cluster
+from tf_tput.systems.torch.ray import cluster as ray_cluster
 
 MODES = micro.MODES
 

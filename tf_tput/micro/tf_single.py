@@ -1,9 +1,9 @@
 """TF single controller: one client Session drives every host's devices (the paper's TF).
 
-Hosts. Each host is a `tf.distribute.Server` in its own process (tf_tput.frameworks.tf_server
-through tf_tput.frameworks.tf_workers: job "worker", task i from TF_CONFIG, devices_per_host
-logical CPU devices from ConfigProto(device_count={"CPU": k})), on a free port of
-127.0.0.1. run() starts them in their own sessions, waits (within spec.timeout_s)
+Hosts. Each host is a `tf.distribute.Server` in its own process
+(tf_tput.systems.tensorflow.server through tf_tput.systems.tensorflow.workers: job
+"worker", task i from TF_CONFIG, devices_per_host logical CPU devices from
+ConfigProto(device_count={"CPU": k})), on a free port of 127.0.0.1. run() starts them in their own sessions, waits (within spec.timeout_s)
 until each prints that it serves, checks with Session.list_devices() that every
 /job:worker/task:i/device:CPU:j exists, and stops them all in a finally: SIGTERM to
 each process group, SIGKILL after STOP_GRACE_S; on success, on any exception, on
@@ -94,9 +94,9 @@ import traceback
 
 import tf_tput
 from tf_tput import micro
-from tf_tput.frameworks import tf_cluster as cluster_lib, tf_workers
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands, processes
+from tf_tput.systems.tensorflow import cluster as cluster_lib, workers as tf_workers
 
 MODES = ("opbyop", "chained", "fused")
 JOB = cluster_lib.WORKER

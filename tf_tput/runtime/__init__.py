@@ -1,3 +1,66 @@
-"""Where a run's devices and processes come from: device resolution per --strategy
-(topology), TF_CONFIG clusters (cluster, tf_server, tf_workers), local processes on
-loopback (processes) and Cloud TPU slices (tpu)."""
+"""Where a run's devices and processes come from, and what shared code needs of a
+framework to get them: one Runtime object per framework.
+
+The modules here name no framework: device resolution per --strategy (topology), local
+processes on loopback (processes), network namespaces for islands (islands) and Cloud
+TPU slices (tpu). Each framework's Runtime lives in its folder,
+tf_tput/systems/<framework>/runtime.py, and the systems built on that framework share
+it (mtf and tf2: systems/tensorflow/runtime.py); a System names its runtime in its
+`runtime` attribute, and train, launch and the peak probe ask that object, never the
+framework by name:
+
+    class Runtime(Protocol):
+      name: str                 # Topology.framework; in messages only
+      finds_local_tpus: bool    # --strategy=local sees a TPU host's chips itself
+                                # (so --tpu_type may correct their kind)
+      serves_workers: bool      # tf_tput.launch --num_workers can start its servers
+      def check(self, strategy, every_worker, cluster_timeout_s) -> None
+          # what the environment must hold for the strategy (TF_CONFIG, say), checked
+          # before the framework starts; UsageError
+      def resolve(self, num_cpu_devices=None, strategy="local", every_worker=False,
+                  cluster_timeout_s=60.0, tpu_address=None) -> runtime.topology.Topology
+          # every_worker: the System's (its every worker runs the program)
+      def matmul_runner(self, topology, n, dtype) -> Callable[[], None]
+          # one n x n matmul of ones on the first device, waited for and checked
+          # (measure.peak.check_matmul_corner): the CPU peak probe
+      def barrier(self, topology) -> Callable[[str], None]
+          # a wait for every process of the run that runs the program
+      def launch_workers(self, command, every_worker, num_workers,
+                         devices_per_worker, grace_s, timeout_s, start_timeout_s,
+                         ports=None, network=None, chief_env=None) -> int
+          # only where serves_workers: starts the servers and the command, returns
+          # the exit code (tf_tput.launch --num_workers); network: where they run, a
+          # runtime.islands.PrivateNetwork (loopback only) or IslandNetwork, None for
+          # this machine's own network (--expose_servers)
+
+Optional, for a runtime with a persistent compilation cache (jax's): train calls
+compilation_cache(directory) before resolve (directory None: off), and records
+compilation_cache_hit() -> True (every compilation since came from the cache), False
+(one at least was compiled) or None (none asked it); without them a record's
+compilation_cache is null.
+
+Each runtime imports its framework only inside the methods that need it, so choosing
+a system loads only its own framework.
+"""
+
+from typing import Callable, Optional, Protocol
+
+
+class Runtime(Protocol):
+  name: str
+  finds_local_tpus: bool
+  serves_workers: bool
+
+  def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None: ...
+
+  def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
+              every_worker: bool = False, cluster_timeout_s: float = 60.0,
+              tpu_address=None): ...
+
+  def matmul_runner(self, topology, n: int, dtype: str) -> Callable[[], None]: ...
+
+  def barrier(self, topology) -> Callable[[str], None]: ...
+
+  def launch_workers(self, command, every_worker: bool, num_workers: int,
+                     devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
+                     ports=None, network=None, chief_env=None) -> int: ...

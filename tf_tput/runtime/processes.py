@@ -3,8 +3,8 @@
 Shared by tf_tput.launch (the command-line launcher) and the micro-benchmarks.
 launch(): N copies of a command (JAX processes); each gets TF_TPUT_COORDINATOR
 (127.0.0.1 and a free port), TF_TPUT_NUM_PROCESSES and TF_TPUT_PROCESS_ID
-(tf_tput.runtime.topology reads them); tf_tput.frameworks.tf_workers.launch() starts a
-TF cluster with these helpers. When any process fails, it is named and the others
+(tf_tput.runtime.topology reads them); tf_tput.systems.tensorflow.workers.launch()
+starts a TF cluster with these helpers. When any process fails, it is named and the others
 are stopped (SIGTERM to its process group, then SIGKILL); Ctrl-C and SIGTERM stop them
 all the same way.
 """

@@ -1,6 +1,6 @@
 """Which devices a run uses: the Topology a system's framework runtime resolves
-(tf_tput/frameworks/) once, before any model is built, and what tf_tput.launch told
-this process. Strategies (--strategy; a System lists those it runs under):
+(tf_tput/systems/<framework>/runtime.py) once, before any model is built, and what
+tf_tput.launch told this process. Strategies (--strategy; a System lists those it runs under):
   local         this process's devices: `--num_cpu_devices=N` virtual CPU devices
                 (they share the host's cores), else the accelerators the framework
                 finds, else the CPU; under `tf_tput.launch --num_processes` each
@@ -19,7 +19,7 @@ STRATEGIES = ("local", "multi_worker", "tpu")
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-  framework: str             # the runtime's name (tf_tput/frameworks/)
+  framework: str             # the runtime's name (tf_tput.runtime.Runtime)
   platform: str              # "cpu" | "gpu"
   devices: tuple             # framework device names, in mesh order
   device_kind: str           # e.g. "NVIDIA H100 80GB HBM3", or the CPU model

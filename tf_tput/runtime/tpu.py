@@ -1,6 +1,6 @@
 """--strategy=tpu's flags, checked before any framework starts: the Cloud TPU's address
 (--tpu, --tpu_zone, --gcp_project) and the generation --tpu_type names. Connecting is
-the framework's (tf_tput/frameworks/tf_tpu.py). NOT exercised by CI or on this
+the framework's (tf_tput/systems/tensorflow/tpu.py). NOT exercised by CI or on this
 project's machines (they have no TPU).
 """
 

@@ -1,8 +1,16 @@
 """Systems under test, behind one interface; shared code asks a System, never names one.
 
+One folder per framework below this package (tensorflow/, jax/, torch/) holds that
+framework's runtime.py (a tf_tput.runtime.Runtime) and every system built on it. A
+system's module is always system.py, defining SYSTEM: the framework's own system at
+the top of its folder (jax/system.py, torch/system.py), each other in a folder of its
+own there (tensorflow/mtf/, tensorflow/tf2/, jax/pathways/, torch/ray/), with its
+trainers beside it, and its own runtime.py where it brings one (pathways, ray).
+Nothing here imports a framework folder except through BUILT_IN.
+
     class System(Protocol):
       name: str                           # its --system value (REGISTRY's key)
-      runtime: Runtime                    # its framework's (tf_tput/frameworks/):
+      runtime: Runtime                    # its framework's (tf_tput.runtime.Runtime):
                                           # devices, peak probe, barrier, servers
       distributions: dict                 # record env key -> the installed
                                           # distributions its version is read from
@@ -51,7 +59,8 @@ An optional Trainer method compile(batch) compiles the step ahead of time for ba
 shaped as the first; the shared loop calls it just before the first step and times it
 (compile_s, jax's trainers); without it the first step compiles (docs/measurement.md).
 Modules are imported only when chosen, so choosing a system loads only its framework.
-A new system is one module here plus its line in BUILT_IN, or, outside this tree, a
+A new system is its system.py in its framework's folder plus its line in BUILT_IN
+(a new framework: a new folder shaped like the others), or, outside this tree, a
 module an installed distribution names under the entry-point group "tf_tput.systems"
 (docs/extending.md).
 """
@@ -65,12 +74,12 @@ from tf_tput.errors import UsageError
 
 # --system value -> module defining SYSTEM.
 BUILT_IN = {
-    "mtf": "tf_tput.systems.mtf",
-    "jax": "tf_tput.systems.jax_adapter",
-    "tf2": "tf_tput.systems.tf2",
-    "torch": "tf_tput.systems.torch_adapter",
-    "pathways": "tf_tput.systems.pathways",
-    "ray": "tf_tput.systems.ray_adapter",
+    "mtf": "tf_tput.systems.tensorflow.mtf.system",
+    "jax": "tf_tput.systems.jax.system",
+    "tf2": "tf_tput.systems.tensorflow.tf2.system",
+    "torch": "tf_tput.systems.torch.system",
+    "pathways": "tf_tput.systems.jax.pathways.system",
+    "ray": "tf_tput.systems.torch.ray.system",
 }
 ENTRY_POINT_GROUP = "tf_tput.systems"  # name = module defining SYSTEM, for plugins
 
@@ -98,7 +107,7 @@ class Trainer(Protocol):
 
 class System(Protocol):
   name: str
-  runtime: object  # a tf_tput.frameworks.Runtime
+  runtime: object  # a tf_tput.runtime.Runtime
   distributions: dict
   multi_process: bool
   strategies: tuple

@@ -1,0 +1,91 @@
+"""One TF worker: a tf.distribute.Server for the task TF_CONFIG names.
+
+    TF_CONFIG='{"cluster": {"chief": ["127.0.0.1:P0"], "worker": ["127.0.0.1:P1"]},
+                "task": {"type": "worker", "index": 0}}' \
+        python -m tf_tput.systems.tensorflow.server --devices=2 --lifetime_s=3600
+
+tf_tput.launch (--num_workers) and the TF micro-benchmark start one per worker and stop
+it when their run ends. The cluster, this task's job and index come from TF_CONFIG,
+read as tf.distribute's TFConfigClusterResolver reads it in any TF multi-worker job;
+the server exposes --devices logical CPU devices (ConfigProto device_count). It never
+outlives its starter: it exits when its parent process is gone (the starter was killed
+before it could stop it) or after --lifetime_s seconds, whichever comes first.
+
+TensorFlow's gRPC server listens on 0.0.0.0:PORT (all interfaces, dual-stack) whatever
+host the cluster spec names: grpc_server_lib.cc hard-codes the wildcard address and
+offers no option to change it. Peers and the client only ever connect to 127.0.0.1.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+import types
+
+WATCH_PERIOD_S = 0.5
+READY_MARKER = "serving grpc://"  # printed once the server listens; starters wait for it
+
+
+def _exit_when_orphaned_or_expired(parent_pid: int, lifetime_s: float) -> None:
+  """A daemon thread that ends this process once its parent is gone or time is up."""
+  give_up = time.monotonic() + lifetime_s
+
+  def watch():
+    while os.getppid() == parent_pid and time.monotonic() < give_up:
+      time.sleep(WATCH_PERIOD_S)
+    os._exit(0)  # server.join() never returns; leave without waiting for it
+
+  threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--devices", type=int, required=True,
+                      help="logical CPU devices this worker exposes")
+  parser.add_argument("--lifetime_s", type=float, required=True,
+                      help="exit after this many seconds even if nobody stops us")
+  args = parser.parse_args(argv)
+  _exit_when_orphaned_or_expired(os.getppid(), args.lifetime_s)
+
+  cluster_spec, config_proto, server_class = _server_api()  # after the watch starts
+  tf_config = json.loads(os.environ["TF_CONFIG"])
+  job, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
+  server = server_class(cluster_spec(tf_config["cluster"]), job_name=job,
+                        task_index=index, start=True,
+                        config=config_proto(device_count={"CPU": args.devices}))
+  # server.target is grpc://host:port: the line contains READY_MARKER.
+  print(f"{job} {index} serving {server.target}", flush=True)
+  server.join()
+
+
+def _server_api() -> tuple:
+  """(ClusterSpec, ConfigProto, Server) without running tensorflow/__init__.py.
+
+  A worker serves only what its client sends: it needs TensorFlow's runtime (the C++
+  library server_lib loads) and these three classes, not the Python API that `import
+  tensorflow` builds, which takes 3.3 s of CPU here against 0.4 s, in every worker a
+  launch, a micro-benchmark or a test starts. The package is registered without its
+  __init__ (TensorFlow's modules import each other by full name). Where that fails (a
+  TensorFlow laid out otherwise), the plain import.
+  """
+  spec = importlib.util.find_spec("tensorflow")
+  package = types.ModuleType("tensorflow")
+  package.__path__ = list(spec.submodule_search_locations)
+  package.__spec__, package.__file__ = spec, spec.origin
+  sys.modules["tensorflow"] = package
+  try:
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.training import server_lib
+    return server_lib.ClusterSpec, config_pb2.ConfigProto, server_lib.Server
+  except Exception:  # pylint: disable=broad-except
+    for name in [n for n in sys.modules if n.split(".")[0] == "tensorflow"]:
+      del sys.modules[name]
+    import tensorflow as tf
+    return tf.train.ClusterSpec, tf.compat.v1.ConfigProto, tf.distribute.Server
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,8 @@
+"""PyTorch: its runtime and every system built on it, one folder.
+
+runtime.py is PyTorch's Runtime (tf_tput.runtime.Runtime): devices, torch.distributed
+for launched processes and the peak probe. system.py defines --system=torch's
+SYSTEM; trainer.py trains model.py, one replica per process. ray/ is --system=ray,
+torch replicas as Ray actors driven by one controller. Importing any of them imports
+no torch until a system is chosen.
+"""

@@ -1,0 +1,225 @@
+"""PyTorch's runtime (tf_tput.runtime.Runtime): devices, the peak probe's matmul
+and the barrier, for systems built on torch (--system=torch).
+
+One device per process: the CPU, or where torch sees CUDA GPUs the process's own
+(cuda:<process index modulo the GPUs>). `--num_cpu_devices` may only be 1 (the CPU,
+even on a GPU host). A process started by `tf_tput.launch --num_processes` joins the
+others with torch.distributed (strategy "multi_process"): a TCPStore rendezvous at
+the launcher's coordinator, which process 0 serves on a socket bound to the
+coordinator's (loopback) address only, then gloo on CPUs, its sockets pinned to the
+loopback interface, or NCCL on GPUs. Processes sharing a CPU split its cores between
+them (torch.set_num_threads); the peak probe uses them all, since the others wait.
+The process group is destroyed at exit, so no process hangs in its teardown.
+
+Compilation cache (torch.compile's, TorchOptions.compile): inductor's FX graph and
+AOTAutograd caches, under the directory train names (on by default) in a
+subdirectory per torch version and host CPU, instead of inductor's default under
+/tmp. A hit skips inductor's code generation and C++ builds; Dynamo still traces.
+"""
+
+import atexit
+import datetime
+import os
+import socket
+from typing import Optional
+
+from tf_tput.errors import UsageError
+from tf_tput.records import provenance
+from tf_tput.runtime import processes, topology as topology_lib
+from tf_tput.runtime.topology import Topology
+
+
+def loopback_interface() -> Optional[str]:
+  """The name of the interface holding 127.0.0.1 (psutil where installed, else the
+  usual "lo" if this host has it), for GLOO_SOCKET_IFNAME."""
+  try:
+    import psutil
+  except ImportError:
+    return "lo" if "lo" in dict((name, i) for i, name in socket.if_nameindex()) else None
+  for name, addresses in psutil.net_if_addrs().items():
+    if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+      return name
+  return None
+
+
+def host_cores() -> int:
+  """The cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+# A collective's limit, once the group has formed: torch's default for gloo. A step
+# may take minutes (the first under torch.compile); joining has its own limit.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
+               join_timeout_s: float, listen_fd: Optional[int] = None) -> None:
+  """torch.distributed's process group over a TCPStore at host:port that rank 0
+  serves on `listen_fd`, a socket already bound to host alone (torch's own listener
+  would take every interface). Where host is loopback, gloo's and NCCL's sockets are
+  pinned to the loopback interface too. The store waits join_timeout_s for every
+  rank; torch's error then says "timed out"."""
+  if host.startswith("127."):
+    interface = loopback_interface()
+    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+    if interface and variable not in os.environ:
+      os.environ[variable] = interface
+  import torch.distributed as dist
+  store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                        timeout=datetime.timedelta(seconds=join_timeout_s),
+                        wait_for_workers=True, master_listen_fd=listen_fd)
+  dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                          timeout=COLLECTIVE_TIMEOUT)
+
+
+def join_processes(dist, coordinator: str, num_processes: int, process_id: int,
+                   backend: str, timeout_s: float) -> None:
+  """The launched processes' group at `coordinator` (process 0 serves it), failing
+  after timeout_s with a TimeoutError that names the coordinator and the flag when a
+  process never joins."""
+  host, port = coordinator.rsplit(":", 1)
+  listen_fd = None
+  if process_id == 0:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+      listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      listener.bind((host, int(port)))
+      listener.listen(num_processes)
+      listen_fd = listener.detach()  # the store owns it from here on
+  try:
+    join_group(host, int(port), process_id, num_processes, backend, timeout_s, listen_fd)
+  except (RuntimeError, dist.DistError) as e:
+    if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+      raise
+    raise TimeoutError(f"process {process_id}: the torch.distributed store at "
+                       f"{coordinator} did not gather all {num_processes} processes "
+                       f"within --cluster_timeout_s={timeout_s:g}; start them all "
+                       "(python -m tf_tput.launch --num_processes=N does) or raise the "
+                       "timeout") from None
+  atexit.register(leave_processes, dist)
+
+
+def leave_processes(dist) -> None:
+  """Destroys the process group (if any is left), so the process exits cleanly."""
+  if dist.is_available() and dist.is_initialized():
+    dist.destroy_process_group()
+
+
+# torch._dynamo's counters of inductor's FX graph cache: a graph it compiled is a
+# miss, one it loaded a hit; a bypass is a graph it cannot cache (compiled each run).
+CACHE_COUNTERS = ("inductor", "fxgraph_cache_hit", ("fxgraph_cache_miss",
+                                                    "fxgraph_cache_bypass"))
+
+
+class TorchRuntime:
+  name = "torch"
+  finds_local_tpus = False
+  serves_workers = False   # processes come from tf_tput.launch --num_processes
+
+  def __init__(self):
+    self._counted_from = None  # the counters when compilation_cache() was called
+
+  def compilation_cache(self, directory: Optional[str]) -> None:
+    """Keeps torch.compile's compiled graphs under `directory` (None: inductor's and
+    AOTAutograd's caches off) and counts hits and misses from here on
+    (compilation_cache_hit). Before anything compiles."""
+    import torch._functorch.config as autograd_config
+    import torch._inductor.config as inductor_config
+    on = directory is not None
+    inductor_config.fx_graph_cache = on
+    autograd_config.enable_autograd_cache = on
+    if on:
+      import torch
+      path = os.path.join(directory, provenance.host_cache_subdirectory(
+          f"torch-{torch.__version__}", provenance.cpu_model(), provenance.cpu_flags()))
+      os.makedirs(path, exist_ok=True)
+      os.environ["TORCHINDUCTOR_CACHE_DIR"] = path  # inductor reads it when it writes
+    self._counted_from = self._cache_counts()
+
+  @staticmethod
+  def _cache_counts() -> tuple:
+    from torch._dynamo.utils import counters
+    group, hit, misses = CACHE_COUNTERS
+    return counters[group][hit], sum(counters[group][m] for m in misses)
+
+  def compilation_cache_hit(self) -> Optional[bool]:
+    """True when every graph compiled since compilation_cache() came from the cache,
+    False when one at least was compiled, None when none was (eager, or never set)."""
+    if self._counted_from is None:
+      return None
+    hits, misses = (now - then for now, then in zip(self._cache_counts(),
+                                                    self._counted_from))
+    if not hits and not misses:
+      return None
+    return misses == 0
+
+  def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
+    """Nothing in the environment to check: the launcher's variables are its own."""
+
+  def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
+              every_worker: bool = False, cluster_timeout_s: float = 60.0,
+              tpu_address=None) -> Topology:
+    if num_cpu_devices and num_cpu_devices > 1:
+      raise UsageError(f"--num_cpu_devices={num_cpu_devices}: torch runs one device per "
+                       "process; for N devices use python -m tf_tput.launch "
+                       "--num_processes=N -- python -m tf_tput.train ... with a "
+                       "'batch:N' mesh")
+    import torch
+    import torch.distributed as dist
+
+    num_processes, process_id = topology_lib.launched_processes()
+    cuda = torch.cuda.is_available() and not num_cpu_devices
+    if cuda:
+      index = process_id % torch.cuda.device_count()
+      torch.cuda.set_device(index)
+      device, platform = f"cuda:{index}", "gpu"
+      kind = torch.cuda.get_device_name(index)
+    else:
+      device, platform, kind = "cpu", "cpu", provenance.cpu_model()
+      if num_processes > 1:  # the processes share this host's cores
+        torch.set_num_threads(max(1, host_cores() // num_processes))
+    if num_processes > 1:
+      join_processes(dist, os.environ[processes.COORDINATOR_ENV], num_processes,
+                     process_id, "nccl" if cuda else "gloo", cluster_timeout_s)
+    return Topology("torch", platform,
+                    tuple(f"{platform}:{i}" for i in range(num_processes)), kind,
+                    num_processes=num_processes,
+                    strategy="multi_process" if num_processes > 1 else "local",
+                    islands=topology_lib.launched_islands(),
+                    handles={"device": device, "rank": process_id})
+
+  def matmul_runner(self, topology, n: int, dtype: str):
+    import torch
+    from tf_tput.measure import peak
+    where = f"torch {dtype} peak probe"
+    device = topology.handles.get("device", "cpu")
+    a = torch.ones((n, n), dtype=getattr(torch, dtype), device=device)
+
+    def run():
+      threads = torch.get_num_threads()
+      if device == "cpu":  # the other processes wait at the barrier: every core is free
+        torch.set_num_threads(host_cores())
+      try:
+        corner = torch.matmul(a, a)[0, 0]  # the whole product is computed
+        peak.check_matmul_corner(corner.item(), n, where)  # reading a value waits
+      finally:
+        torch.set_num_threads(threads)
+    return run
+
+  def barrier(self, topology):
+    """Every launched process meets at torch.distributed's barrier; one waits for none."""
+    if topology.num_processes == 1:
+      return lambda name: None
+    import torch.distributed as dist
+    device = topology.handles.get("device", "cpu")
+    return lambda name: dist.barrier(
+        device_ids=[int(device.split(":")[1])] if device.startswith("cuda") else None)
+
+  def launch_workers(self, *args, **kwargs) -> int:
+    raise UsageError("torch has no worker servers to start; launch its processes with "
+                     "tf_tput.launch --num_processes=N")
+
+
+RUNTIME = TorchRuntime()
