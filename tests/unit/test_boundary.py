@@ -1,13 +1,15 @@
 """Shared code names no system and no framework: it asks the System (tf_tput.systems)
-and its framework's runtime (tf_tput/frameworks/), so a new system is its own module
-plus a REGISTRY line (docs/extending.md).
+and its framework's runtime (tf_tput.runtime.Runtime), so a new system is its own
+module in its framework's folder plus a REGISTRY line (docs/extending.md).
 
 Checked in the code itself: imports, names and string literals. Docstrings and
-comments may give examples (`--system=jax`) and are not checked."""
+comments may give examples (`--system=jax`) and are not checked. The report labels
+published results by the paper's system names, so it is checked for imports only:
+nothing shared imports a framework folder (tf_tput/systems/<framework>/) except
+through the registry."""
 
 import ast
 import io
-import pathlib
 import re
 import tokenize
 
@@ -15,25 +17,36 @@ import pytest
 
 from tf_tput import PACKAGE_DIR, systems
 
-SHARED = ["train.py", "launch.py", "suite", "measure", "records", "runtime"]
+SHARED = ["train.py", "launch.py", "plan.py", "suite", "measure", "records", "runtime"]
+IMPORTS_ONLY = ["report"]
 FRAMEWORK_MODULES = {"tensorflow", "jax", "jaxlib", "torch", "ray", "mesh_tensorflow",
                      "optax", "gin.tf"}
-# Words that name a framework or a system: the registered systems, the runtimes
-# (tf_tput/frameworks/*_runtime.py) and the frameworks behind them.
-RUNTIMES = sorted(p.stem[:-len("_runtime")]
-                  for p in (PACKAGE_DIR / "frameworks").glob("*_runtime.py"))
+# tf_tput/systems/<framework>/: the framework folders, reached only through the registry.
+FOLDERS = sorted(p.name for p in (PACKAGE_DIR / "systems").iterdir()
+                 if (p / "__init__.py").is_file())
+FOLDER_MODULE = re.compile(r"tf_tput[./]systems[./](" + "|".join(FOLDERS) + r")\b")
+# Words that name a framework or a system: the registered systems, their runtimes'
+# names, the folders holding them (tf_tput/systems/**/runtime.py) and the frameworks.
+RUNTIMES = sorted({systems.load(name).runtime.name for name in systems.REGISTRY}
+                  | {p.parent.name for p in (PACKAGE_DIR / "systems").rglob("runtime.py")})
 NAMES = sorted(set(systems.REGISTRY) | set(RUNTIMES) | {
     "tensorflow", "TensorFlow", "TF", "JAX", "mesh_tensorflow", "torch", "PyTorch",
     "Ray", "ray"})
 WORD = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, NAMES)) + r")(?![A-Za-z0-9_])")
 
 
-def _shared_files() -> list:
+def _files(names: list) -> list:
   out = []
-  for name in SHARED:
+  for name in names:
     path = PACKAGE_DIR / name
     out += sorted(path.rglob("*.py")) if path.is_dir() else [path]
   return out
+
+
+def _module(path) -> str:
+  """The dotted name relative imports in a file under PACKAGE_DIR resolve against
+  ("tf_tput.runtime.__init__" for a package's own, whose level 1 is the package)."""
+  return ".".join(("tf_tput",) + path.relative_to(PACKAGE_DIR).with_suffix("").parts)
 
 
 def _docstring_lines(tree: ast.AST) -> set:
@@ -47,22 +60,39 @@ def _docstring_lines(tree: ast.AST) -> set:
   return lines
 
 
-def namings(source: str) -> list:
-  """(line, text) of every import of a framework or of a system's or runtime's own
-  module, and every name or string literal (docstrings aside) naming one."""
+def imports(source: str, module: str = "tf_tput.x") -> list:
+  """(line, text) of every import of a framework or of a framework folder's module
+  (relative imports resolved against `module`), and every string literal
+  (docstrings aside) that names a framework folder's module, as a dynamic import would."""
   tree = ast.parse(source)
   found = []
   for node in ast.walk(tree):
     modules = []
     if isinstance(node, ast.Import):
       modules = [a.name for a in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.module:
-      modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    for module in modules:
-      if (module.split(".")[0] in FRAMEWORK_MODULES or module in FRAMEWORK_MODULES
-          or module.startswith(("tf_tput.frameworks", "tf_tput.systems."))):
-        found.append((node.lineno, f"import {module}"))
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:  # from ..systems import jax: relative to this module's package
+        package = module.split(".")[:-node.level]
+        base = ".".join(package + ([base] if base else []))
+      modules = [base] + [f"{base}.{a.name}" for a in node.names]
+    for name in modules:
+      if (name.split(".")[0] in FRAMEWORK_MODULES or name in FRAMEWORK_MODULES
+          or FOLDER_MODULE.match(name)):
+        found.append((node.lineno, f"import {name}"))
   docstrings = _docstring_lines(tree)
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and node.lineno not in docstrings and FOLDER_MODULE.search(node.value)):
+      found.append((node.lineno, f"{node.value[:60]!r} names a framework folder"))
+  return found
+
+
+def namings(source: str, module: str = "tf_tput.x") -> list:
+  """imports(), and every name or string literal (docstrings aside) naming a system
+  or framework."""
+  found = imports(source, module)
+  docstrings = _docstring_lines(ast.parse(source))
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     if token.type not in (tokenize.NAME, tokenize.STRING) or token.start[0] in docstrings:
       continue
@@ -76,13 +106,31 @@ def namings(source: str) -> list:
 
 def test_the_checker_finds_namings():
   source = ('"""Docstrings may say jax and mtf."""\nimport jax\n'
-            'from tf_tput.frameworks import tf_runtime\nx = "--system=tf2"  # tf2\n'
+            'from tf_tput.systems.tensorflow import runtime\nx = "--system=tf2"  # tf2\n'
             'if framework == "tf": pass\nfrom tf_tput import systems\ny = "tf_tput"\n')
-  assert sorted(line for line, _ in namings(source)) == [2, 2, 3, 3, 4, 5]
+  assert sorted(line for line, _ in namings(source)) == [2, 2, 3, 3, 3, 4, 5]
 
 
-@pytest.mark.parametrize("path", _shared_files(), ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_the_checker_finds_every_way_to_import_a_framework_folder():
+  source = ("from tf_tput.systems import jax, load\n"      # a folder; the registry's load
+            "from ..systems.torch import system\n"         # relative, from tf_tput.report
+            "import tf_tput.systems.tensorflow.mtf.system\n"
+            "importlib.import_module('tf_tput.systems.jax.system')\n"
+            "from tf_tput import systems\nsystems.load(name)\n")
+  found = imports(source, "tf_tput.report.tables")
+  assert sorted({line for line, _ in found}) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("path", _files(SHARED), ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
 def test_shared_code_names_no_system_or_framework(path):
-  found = namings(path.read_text())
+  found = namings(path.read_text(), _module(path))
   assert not found, (f"{path.relative_to(PACKAGE_DIR)} names a system or framework; ask "
                      f"the System or its runtime instead: {found}")
+
+
+@pytest.mark.parametrize("path", _files(IMPORTS_ONLY),
+                         ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_shared_code_imports_no_framework_folder(path):
+  found = imports(path.read_text(), _module(path))
+  assert not found, (f"{path.relative_to(PACKAGE_DIR)} imports a framework or a framework "
+                     f"folder; reach a system through tf_tput.systems.load: {found}")
