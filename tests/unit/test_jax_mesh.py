@@ -1,4 +1,4 @@
-"""tf_tput/systems/jax_trainer.device_mesh: topology-aware on TPUs, in order elsewhere."""
+"""tf_tput/systems/jax/trainer.py's device_mesh: topology-aware on TPUs, in order elsewhere."""
 
 import dataclasses
 
