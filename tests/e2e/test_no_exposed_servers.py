@@ -51,10 +51,13 @@ cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
 for address in cluster["worker"] if sys.argv[1] != "none" else []:
   host, port = address.rsplit(":", 1)
   socket.create_connection((host, int(port)), timeout=5).close()
-print("where " + json.dumps({"netns": os.readlink("/proc/self/ns/net"),
-                             "interfaces": sorted(n for _, n in socket.if_nameindex()),
-                             "islands": os.environ.get("TF_TPUT_NUM_ISLANDS")}),
-      file=sys.stderr, flush=True)
+# One write per line: print() writes the text and its newline apart, and the copies
+# share one stderr, so two lines could run together.
+sys.stderr.write("where " + json.dumps({
+    "netns": os.readlink("/proc/self/ns/net"),
+    "interfaces": sorted(n for _, n in socket.if_nameindex()),
+    "islands": os.environ.get("TF_TPUT_NUM_ISLANDS")}) + "\n")
+sys.stderr.flush()
 if sys.argv[1] == "wait":
   time.sleep(600)
 """
