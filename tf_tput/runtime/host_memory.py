@@ -7,12 +7,10 @@ for again every step, so each step faults in and zeroes fresh pages: on a 2-core
 Sapphire Rapids VM, T5 Small spent 11-13% of jax's and torch's step time in the
 kernel's page-fault path (docs/results/2026-12-05-cpu-step-profiles.md). PyTorch's
 CPU performance guide recommends an allocator that keeps memory (jemalloc or
-TCMalloc) for this reason. Telling glibc never to mmap, and to trim only past 2 GiB,
-does the same without a preloaded library: freed blocks stay in the heap and the next step reuses
-them. One arena for every thread: a block freed by one of XLA:CPU's threads is then
-found by the next step's, wherever it runs (jax gained 4-8% from this alone; torch
-and tf2 were unchanged). The arithmetic is unchanged; a process's resident memory
-stays at its high point instead of shrinking between steps.
+TCMalloc) for this reason. Telling glibc never to mmap and never to trim does the same
+without a preloaded library: freed blocks stay in the heap and the next step reuses
+them. The arithmetic is unchanged; a process's resident memory stays at its high
+point instead of shrinking between steps.
 
 Process-wide and before the frameworks allocate: train calls keep_freed_memory()
 first (--keep_freed_memory), and records what it did (env.host_allocator).
@@ -25,7 +23,6 @@ import platform
 # mallopt() parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-M_ARENA_MAX = -8
 # The heap's top goes back to the kernel only beyond this much free memory there:
 # mallopt takes an int, so 2 GiB is the most it can be told, far above a step's
 # temporaries on the CPUs these runs fit.
@@ -54,13 +51,11 @@ def _keep() -> str:
   if libc is None:
     return f"{platform.libc_ver()[0] or 'not glibc'}: its default (not changed)"
   ok = (libc.mallopt(M_MMAP_MAX, 0) == 1
-        and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1
-        and libc.mallopt(M_ARENA_MAX, 1) == 1)
+        and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) == 1)
   version = platform.libc_ver()[1]
   if not ok:
     return f"glibc {version}: its default (mallopt refused the change)"
-  return (f"glibc {version}: freed memory kept (mallopt: mmap_max=0, "
-          "trim_threshold=2 GiB, arena_max=1)")
+  return f"glibc {version}: freed memory kept (mallopt: mmap_max=0, trim_threshold=2 GiB)"
 
 
 def kept() -> bool:
