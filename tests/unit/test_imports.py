@@ -3,6 +3,7 @@ one that imports it back, directly or through others, at the top, inside a funct
 under `if TYPE_CHECKING:` (an import for annotations is still an import)."""
 
 import ast
+import functools
 import json
 import pathlib
 import subprocess
@@ -82,6 +83,7 @@ def test_an_import_for_annotations_counts(tmp_path):
   assert _imports(source, {"tf_tput.config"}) == {"tf_tput.config"}
 
 
+@functools.lru_cache(maxsize=1)  # one child process for both tests
 def _parsed_graph() -> dict:
   # Parsed in a fresh process: in this xdist worker ast.parse once failed with "AST
   # constructor recursion depth mismatch (before=144, after=10)". CPython 3.11's AST
