@@ -222,3 +222,43 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
             "processes", file=sys.stderr)
       return 1
     time.sleep(POLL_S)
+
+
+def interrupted_exit(interrupted: list, servers: str) -> int:
+  """The exit code (128 + signal) and error line of a launch stopped by a signal."""
+  print(f"error: interrupted by signal {interrupted[0]}; stopped the command and "
+        f"{servers}", file=sys.stderr)
+  return 128 + interrupted[0]
+
+
+def watch_command(command, servers, what: str, timeout_s, interrupted: list,
+                  loss_grace_s: float) -> int:
+  """Waits for `command` (a process driving `servers`: TF workers, Ray nodes) and
+  returns its exit code. `servers` has exited() -> [(index, code)] and
+  describe((index, code)) -> text; `what` names them ("the workers"). A server that
+  exits is remembered, and the command gets loss_grace_s to notice and record the
+  failure before it is given up on (exit 1); --timeout_s likewise; a signal in
+  `interrupted` raises KeyboardInterrupt. The caller stops everything."""
+  started = time.monotonic()
+  lost, lost_at = None, None
+  while True:
+    if interrupted:
+      raise KeyboardInterrupt
+    code = command.poll()
+    if code is not None:
+      if code:
+        cause = f" after {servers.describe(lost)}" if lost else ""
+        print(f"error: the command (pid {command.pid}) {how(code)}{cause}; "
+              f"stopped {what}", file=sys.stderr)
+      return code if code >= 0 else 128 - code
+    if lost is None and servers.exited():
+      lost, lost_at = servers.exited()[0], time.monotonic()
+    if lost is not None and time.monotonic() - lost_at > loss_grace_s:
+      print(f"error: {servers.describe(lost)}, and the command did not end within "
+            f"{loss_grace_s:g} s; stopped it", file=sys.stderr)
+      return 1
+    if timeout_s is not None and time.monotonic() - started > timeout_s:
+      print(f"error: --timeout_s={timeout_s:g} passed; stopped the command and "
+            f"{what}", file=sys.stderr)
+      return 1
+    time.sleep(POLL_S)

@@ -201,43 +201,12 @@ def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: fl
       env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)},
                  **chief_env)
       chief.append(processes.popen(chief_prefix + list(command), env=env))
-      return _watch(chief[0], workers, grace_s, timeout_s, interrupted)
+      return processes.watch_command(chief[0], workers, "the workers", timeout_s,
+                                     interrupted, WORKER_LOSS_GRACE_S)
     except (RuntimeError, TimeoutError) as e:
       print(f"error: {e}; stopped all {num_workers} workers", file=sys.stderr)
       return 1
     except KeyboardInterrupt:
-      return _interrupted(interrupted, num_workers)
+      return processes.interrupted_exit(interrupted, f"all {num_workers} workers")
     finally:
       processes.stop(chief + workers.procs, grace_s)  # no orphans, whatever happened
-
-
-def _interrupted(interrupted: list, num_workers: int) -> int:
-  print(f"error: interrupted by signal {interrupted[0]}; stopped the command and all "
-        f"{num_workers} workers", file=sys.stderr)
-  return 128 + interrupted[0]
-
-
-def _watch(chief, workers: WorkerProcesses, grace_s: float, timeout_s, interrupted) -> int:
-  started = time.monotonic()
-  lost, lost_at = None, None
-  while True:
-    if interrupted:
-      raise KeyboardInterrupt
-    code = chief.poll()
-    if code is not None:
-      if code:
-        cause = f" after {workers.describe(lost)}" if lost else ""
-        print(f"error: the command (pid {chief.pid}) {processes.how(code)}{cause}; "
-              f"stopped the workers", file=sys.stderr)
-      return code if code >= 0 else 128 - code
-    if lost is None and workers.exited():
-      lost, lost_at = workers.exited()[0], time.monotonic()
-    if lost is not None and time.monotonic() - lost_at > WORKER_LOSS_GRACE_S:
-      print(f"error: {workers.describe(lost)}, and the command did not end within "
-            f"{WORKER_LOSS_GRACE_S:g} s; stopped it", file=sys.stderr)
-      return 1
-    if timeout_s is not None and time.monotonic() - started > timeout_s:
-      print(f"error: --timeout_s={timeout_s:g} passed; stopped the command and the "
-            "workers", file=sys.stderr)
-      return 1
-    time.sleep(POLL_S)
