@@ -37,8 +37,18 @@ its island's address, the chief (the command) in island 0:
         --devices_per_worker=4 -- \
         python -m tf_tput.train --system=mtf --strategy=multi_worker ...
 
+Ray nodes are --system=ray's worker servers: `ray start` starts each, the head in
+island 0 (or all on loopback), and the command is their driver, joining them through
+RAY_ADDRESS; its actors are spread over the nodes (systems/torch/ray/nodes.py):
+
+    python -m tf_tput.launch --islands=2 --dcn_rate=1gbit -- \
+        python -m tf_tput.train --system=ray --num_cpu_devices=2 ...
+
+With --islands=K and no count, a system with worker servers gets K of them, one per
+island.
+
 Worker servers may listen on every interface whatever address they are given (TF's
-do), so they and every process that talks to them (the command) start inside a
+and Ray's do), so they and every process that talks to them (the command) start inside a
 private network namespace with nothing but loopback (runtime.islands.PrivateNetwork;
 needs root and iproute2), removed however the launch ends. Where none can be made the
 launcher refuses in one line, unless --expose_servers accepts servers reachable from
@@ -62,9 +72,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Processes to start, each running the "
                      "command (systems that run as processes).")
 flags.DEFINE_integer("num_workers", None, "Worker servers to start for the command's "
-                     "--system; the command drives them as the cluster's chief, or runs "
-                     "on every worker where its system says so.")
-flags.DEFINE_integer("devices_per_worker", 1, "Logical CPU devices per worker server.")
+                     "--system (TF workers; Ray nodes for --system=ray); the command "
+                     "drives them as the cluster's chief, or runs on every worker where "
+                     "its system says so. Unset with --islands=K: K, where the system "
+                     "has worker servers.")
+flags.DEFINE_integer("devices_per_worker", 1, "Logical CPU devices per worker server "
+                     "(a Ray node's CPUs: actors it can hold).")
 flags.DEFINE_integer("port", 0, "Workers: first of num_workers + 1 consecutive loopback "
                      "ports (chief, then workers); 0 picks free ports.")
 flags.DEFINE_float("start_timeout_s", 60.0, "Workers: seconds they get to start serving.")
@@ -151,10 +164,14 @@ def main(argv) -> int:
   if FLAGS.dcn_rate != islands.NO_LIMIT and FLAGS.islands is None:
     return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
                   "--islands=K")
-  if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
-    return _usage("give exactly one of --num_processes=N (processes, each running the "
-                  "command) or --num_workers=N (worker servers for the command's system)")
   try:
+    if (FLAGS.num_processes is None and FLAGS.num_workers is None and FLAGS.islands
+        and systems.load(systems.named_in(command)).runtime.serves_workers):
+      FLAGS.num_workers = FLAGS.islands  # one worker server (a Ray node) per island
+    if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
+      return _usage("give exactly one of --num_processes=N (processes, each running "
+                    "the command) or --num_workers=N (worker servers for the command's "
+                    "system)")
     if FLAGS.num_workers is not None:
       return _workers(command)
     if FLAGS.num_processes < 1:

@@ -168,18 +168,22 @@ def _launches(m: TrainMatrix) -> list:
 
 
 def _as_workers(launcher: tuple, launch: dict, devices: Optional[int],
-                every_worker: bool) -> tuple:
-  """(launcher, key fields, strategy) of a run of a system whose runtime serves
-  workers, where the matrix asks for processes: as many worker servers with the
-  devices each. The launched command is their chief and sees one process of its own,
-  or runs on every worker, each one of the run's processes (train's run key)."""
+                system) -> tuple:
+  """(launcher, key fields, strategy, --num_cpu_devices) of a run of a system whose
+  runtime serves workers, where the matrix asks for processes: as many worker
+  servers (TF workers, Ray nodes) with the devices each. The launched command is
+  their chief and sees one process of its own, or runs on every worker, each one of
+  the run's processes (train's run key). A chief under multi_worker finds the
+  workers' devices; one that runs locally (Ray's driver) is told how many."""
   workers = [f"--num_workers={flag.split('=', 1)[1]}" if flag.startswith(
       "--num_processes=") else flag for flag in launcher]
   if devices:
     workers.append(f"--devices_per_worker={devices}")
-  processes = launch["processes"] if every_worker else 1
-  return tuple(workers), keys.launch_fields(processes, launch["islands"],
-                                            launch["dcn_rate"]), "multi_worker"
+  processes = launch["processes"] if system.every_worker else 1
+  fields = keys.launch_fields(processes, launch["islands"], launch["dcn_rate"])
+  if "multi_worker" in system.strategies:
+    return tuple(workers), fields, "multi_worker", None
+  return tuple(workers), fields, "local", launch["processes"] * (devices or 1)
 
 
 def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
@@ -200,10 +204,9 @@ def _train_runs(m: TrainMatrix, commit: Optional[str]) -> list:
     }
     strategy = m.strategy if m.strategy in systems.load(system).strategies else "local"
     if launcher and systems.load(system).runtime.serves_workers:
-      launcher, launch, strategy = _as_workers(launcher, launch, m.num_cpu_devices,
-                                               systems.load(system).every_worker)
+      launcher, launch, strategy, flags["num_cpu_devices"] = _as_workers(
+          launcher, launch, m.num_cpu_devices, systems.load(system))
       where = where.replace(" processes", " workers")
-      flags["num_cpu_devices"] = None  # the workers' (--devices_per_worker)
     if strategy != "local":
       flags[STRATEGY_FLAG] = strategy
     key = keys.run_key(system, flags["gin_file"], flags["gin_param"],

@@ -10,7 +10,10 @@ cluster they run on:
     with it);
   - with RAY_ADDRESS set in the environment (Ray's own variable: an address such as
     10.0.0.2:6379, or `auto`), the existing cluster there, joined: where a run goes
-    past one machine. Never exercised by the tests beyond a private cluster.
+    past one machine. Exercised on a two-node cluster of this machine, each node in
+    a network namespace of its own (`ray start`, nodes.py), never across machines.
+tf_tput.launch --num_workers=N starts such a cluster of N nodes itself (one per
+island under --islands) and runs the command as its driver (launch_workers).
 The cluster is stopped when the trainer closes, and at the latest when this process
 exits (atexit), with every process it started.
 
@@ -44,7 +47,7 @@ def _stop_clusters() -> None:
 class RayRuntime:
   name = "ray"
   finds_local_tpus = False
-  serves_workers = False   # the actors come from the cluster; tf_tput.launch starts none
+  serves_workers = True    # tf_tput.launch --num_workers starts Ray nodes (nodes.py)
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     """The ray extra must be installed; checked before anything starts."""
@@ -76,6 +79,7 @@ class RayRuntime:
     return Topology("ray", platform,
                     tuple(f"{DEVICE_PREFIX}:{i}" for i in range(count)), kind,
                     num_processes=1, strategy="local",
+                    islands=topology_lib.launched_islands(),
                     handles={"cluster": cluster, "timeout_s": cluster_timeout_s})
 
   def matmul_runner(self, topology, n: int, dtype: str):
@@ -87,9 +91,15 @@ class RayRuntime:
     """One controller: nobody to wait for."""
     return lambda name: None
 
-  def launch_workers(self, *args, **kwargs) -> int:
-    raise UsageError("Ray has no worker servers to start: --system=ray starts its "
-                     "actors in a Ray cluster itself (a private one, or RAY_ADDRESS's)")
+  def launch_workers(self, command, every_worker: bool, num_workers: int,
+                     devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
+                     ports=None, network=None, chief_env=None) -> int:
+    """tf_tput.launch --num_workers=N: N Ray nodes of devices_per_worker CPUs each,
+    started with `ray start` (nodes.py), the command their driver."""
+    from tf_tput.systems.torch.ray import nodes
+    del every_worker, grace_s  # one driver; nodes stop on their own terms
+    return nodes.launch(command, num_workers, devices_per_worker, timeout_s,
+                        start_timeout_s, ports, network, chief_env)
 
 
 def _check_room(cluster, platform: str, count: int) -> None:
