@@ -35,6 +35,9 @@ class ByteVocabulary:
                  if i >= self.num_special).decode("utf-8", errors="replace")
 
 
+TOKEN_BYTES = np.dtype(np.int32).itemsize  # of every id a synthetic batch holds
+
+
 def features_of(experiment: Experiment) -> tuple:
   return FEATURES if experiment.model.arch == "encoder_decoder" else ("targets",)
 
