@@ -5,7 +5,9 @@ Adafactor; trainer.py trains it on one device per process, the processes of
 tf_tput.launch --num_processes joined by torch.distributed (runtime.py: gloo on
 CPUs, NCCL on GPUs), each computing its rows of the same
 global batch, the gradients all-reduced. Only a batch mesh: every process holds
-every variable; model parallelism is --system=mtf's or --system=jax's.
+every variable; model parallelism is --system=mtf's or --system=jax's. Across
+tf_tput.launch --islands the processes split into the islands in order and the
+all-reduce's ring crosses their links (trainer.all_reduce_link_bytes).
 
 Eager by default; `--gin_param=TorchOptions.compile=True` runs the step under
 torch.compile. The binding is in the record (its config, and the run key a suite
@@ -56,7 +58,7 @@ class TorchSystem:
   every_worker = False
   embeddings = ("one_hot", "gather")
   pipelines = False
-  islands = ()
+  islands = ("data",)  # processes in islands: gloo's ring crosses the links
   traces = ()
   options = (TorchOptions,)  # bound in gin, recorded in the config (systems.options)
 
@@ -67,11 +69,16 @@ class TorchSystem:
     chosen_options()
 
   def build(self, experiment, topology):
-    from tf_tput.systems.torch.trainer import TorchTrainer
     self.check(experiment, topology.strategy)
-    return TorchTrainer(experiment, device=topology.handles.get("device", "cpu"),
-                        rank=topology.handles.get("rank", 0),
-                        world_size=topology.num_processes, compile=chosen_options().compile)
+    from tf_tput.systems.torch import trainer as torch_trainer
+    trainer = torch_trainer.TorchTrainer(
+        experiment, device=topology.handles.get("device", "cpu"),
+        rank=topology.handles.get("rank", 0), world_size=topology.num_processes,
+        compile=chosen_options().compile)
+    if topology.islands > 1:
+      trainer.analytic_link_bytes_per_step = torch_trainer.all_reduce_link_bytes(
+          experiment, topology.num_processes, topology.islands)
+    return trainer
 
 
 SYSTEM = TorchSystem()

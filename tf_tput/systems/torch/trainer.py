@@ -23,6 +23,18 @@ import numpy as np
 from tf_tput import models
 
 
+def all_reduce_link_bytes(experiment, members: int, num_islands: int) -> int:
+  """Bytes one step's all-reduce sends between islands: gloo's ring over `members`
+  ranks split island-major into the islands (tf_tput.launch puts consecutive ones
+  in one), its one buffer every gradient and the loss in float32 (_all_reduce).
+  With one rank per island that is runtime/islands.analytic_link_bytes; with more
+  the flat ring crosses each island boundary once per direction per chunk
+  (ring_link_bytes), which no hierarchical reduction here shortens."""
+  from tf_tput.runtime import islands
+  buffer = (models.num_params(experiment.model) + 1) * models.BYTES_PER_VARIABLE_ELEMENT
+  return islands.ring_link_bytes(buffer, members, num_islands)
+
+
 class TorchTrainer:
   """The parameters and Adafactor state on `device`; step() runs one update."""
 
