@@ -76,9 +76,10 @@ def test_a_killed_actor_fails_the_run_naming_it_within_30_s(tmp_path):
   assert time.monotonic() - signal_sent < 30, stderr[-4000:]
   assert launched.proc.returncode == 1, stderr[-3000:]
   [error] = [line for line in error_lines(stderr) if "run failed" in line]
-  assert f"ray actor 1 (pid {pid}) died" in error, error
+  assert f"ray actor 1 (pid {pid}, node " in error and ") died" in error, error
   [record] = results.read(str(out))[0]
-  assert record["status"] == "failed" and f"ray actor 1 (pid {pid}) died" in record["error"]
+  assert record["status"] == "failed" and f"ray actor 1 (pid {pid}, " in record["error"]
+  assert "then" not in record["error"]  # one failure, nothing after it
   assert len(record["losses"]) >= 3  # the warmup step and at least 2 measured ones
 
 

@@ -1,0 +1,137 @@
+"""--system=ray on a Ray cluster of two nodes that was started as a user starts one,
+with Ray's own CLI (`ray start --head`, `ray start --address=...`: systems/torch/ray/
+nodes.py), and joined through RAY_ADDRESS: one actor per node, torch's arithmetic, the
+cluster left as it was found, and a node lost mid-run named in the record.
+
+As root each node runs in a network namespace of its own, the two joined by a veth
+link (runtime/islands.py), so the nodes talk over a link and not over loopback, and
+the driver runs in the head's namespace. Without root both nodes run on loopback
+instead, where Ray's multi-node servers listen on every interface (it refuses
+multi-node clusters in its loopback-only mode): the tests' names say which ran.
+The cluster is started once for the module (5 s); the node-loss test runs last.
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tf_tput.records import results
+from tf_tput.runtime import islands
+
+import process_checks
+from cli_helpers import REPO, error_lines
+
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                                    for m in ("ray", "torch")),
+                                reason="the ray extra (ray, torch) is not installed")
+IN_NAMESPACES = islands.missing() is None
+WHERE = "in_two_namespaces" if IN_NAMESPACES else "on_loopback_without_root"
+TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=t5_tiny",
+              "--gin_param=MeshConfig.mesh_shape='batch:2'", "--warmup_steps=1"]
+# What a run of the cluster's own left on it: run as another driver of the cluster.
+LIST_LEFTOVERS = """
+import json, ray
+from ray._private import state
+ray.init(log_to_driver=False)
+me = ray.get_runtime_context().get_job_id()
+print(json.dumps({
+    "actors": [a["ActorID"] for a in state.actors().values() if a["State"] != "DEAD"],
+    "placement_groups": [g for g, info in ray.util.placement_group_table().items()
+                         if info["state"] != "REMOVED"],
+    "jobs": [j["JobID"] for j in state.jobs() if not j["IsDead"] and j["JobID"] != me],
+    "nodes_alive": sum(n["Alive"] for n in ray.nodes())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  """Two Ray nodes of 1 CPU each; afterwards nothing of them may be left running."""
+  from tf_tput.systems.torch.ray import nodes as ray_nodes
+  mark, since = process_checks.new_mark(), time.time() - 1.0
+  os.environ[process_checks.MARK] = mark
+  try:
+    with contextlib.ExitStack() as stack:
+      network = stack.enter_context(islands.IslandNetwork(2, None)) if IN_NAMESPACES else None
+      yield stack.enter_context(ray_nodes.Nodes(2, 1, network)).start(timeout_s=120)
+  finally:
+    del os.environ[process_checks.MARK]
+  assert process_checks.left_running(since, mark, settle_s=5) == []
+
+
+def _driver(cluster, *args, timeout=300) -> subprocess.Popen:
+  """python *args where the head runs, with RAY_ADDRESS naming it."""
+  env = dict(os.environ, **cluster.driver_env(), TF_CPP_MIN_LOG_LEVEL="2",
+             PYTHONPATH=str(REPO))
+  return subprocess.Popen(cluster.exec_prefix(0) + [sys.executable, *args], cwd=REPO,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def _run(cluster, *args, timeout=300) -> tuple:
+  proc = _driver(cluster, *args)
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  finally:
+    proc.kill()
+  return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("where", [WHERE])
+def test_a_run_joins_with_one_actor_per_node_and_leaves_the_cluster_as_found(
+    cluster, tmp_path, where):
+  out = tmp_path / "runs.jsonl"
+  code, _, err = _run(cluster, "-m", "tf_tput.train", *TWO_ACTORS, "--steps=2",
+                      f"--results={out}")
+  assert code == 0, err[-3000:]
+  [record] = results.read(str(out))[0]
+  assert record["status"] == "ok" and record["num_devices"] == 2
+  assert record["num_nodes"] == 2, record["nodes"]
+  if IN_NAMESPACES:  # each node at its island's address
+    assert [n.split("/")[1] for n in record["nodes"]] == ["198.18.0.1", "198.18.0.2"]
+  code, listed, err = _run(cluster, "-c", LIST_LEFTOVERS, timeout=120)
+  assert code == 0, err[-3000:]
+  assert json.loads(listed) == {"actors": [], "placement_groups": [], "jobs": [],
+                                "nodes_alive": 2}
+
+
+@pytest.mark.parametrize("where", [WHERE])
+def test_two_nodes_train_the_function_one_torch_device_trains(cluster, where):
+  code, out, err = _run(cluster, "-m", "tf_tput.parity", "--gin_file=t5_tiny",
+                        "--mesh=batch:2", "--systems=torch,ray", "--steps=3")
+  assert code == 0, out + err[-3000:]
+  assert "parity: all 3 steps within tolerance" in out
+
+
+@pytest.mark.parametrize("where", [WHERE])
+def test_a_node_that_dies_is_named_in_the_record_within_60_s(cluster, tmp_path, where):
+  """Kills node 1's raylet mid-run (the module's last test: the node stays dead)."""
+  out = tmp_path / "runs.jsonl"
+  proc = _driver(cluster, "-m", "tf_tput.train", *TWO_ACTORS, "--steps=100000",
+                 "--log_every=1", f"--results={out}")
+  try:
+    seen = ""
+    while "step 2/" not in seen:
+      line = proc.stderr.readline()
+      assert line, f"the run ended first: {seen[-3000:]}"
+      seen += line
+    killed_at = time.monotonic()
+    os.kill(cluster.raylet_pid(1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    took = time.monotonic() - killed_at
+  finally:
+    proc.kill()
+  assert proc.returncode == 1 and took < 60, (took, err[-3000:])
+  [record] = results.read(str(out))[0]
+  assert record["status"] == "failed" and len(record["losses"]) >= 3
+  node = next(n for n in record["nodes"] if n.split("/")[2] in record["error"])
+  assert f"Ray node {node} died" in record["error"], record["error"]
+  if IN_NAMESPACES:
+    assert node.split("/")[1] == "198.18.0.2"
+  assert any(f"Ray node {node} died" in line for line in error_lines(err))
