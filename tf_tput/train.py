@@ -125,6 +125,9 @@ class Outcome:
   # failure is recorded under it.
   stage: str = "devices"
   compilation_cache: Optional[str] = None  # the record's: hit, miss, off, None
+  # Where the trainer placed its workers, when it says (its optional `nodes`); else
+  # the topology's (the record's nodes).
+  nodes: tuple = ()
 
 
 def _run_key() -> str:
@@ -148,7 +151,9 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "model": m.name, "arch": m.arch,
       "num_params": outcome.num_params, "mesh_shape": experiment.mesh.mesh_shape,
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
-      "num_processes": topology.num_processes, "global_batch": t.global_batch,
+      "num_processes": topology.num_processes,
+      **build.node_fields(outcome.nodes or topology.nodes),  # the trainer's, else resolve's
+      "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
       "targets_length": d.targets_length, "dtype": m.activation_dtype,
       "embedding": m.embedding, "variant": systems.variant(FLAGS.system, experiment),
@@ -441,6 +446,8 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
       logging.exception("building %s failed", system.name)
       outcome.measurement.error = f"build: {errors.cause(e)}"
       return outcome
+    # A trainer that places its workers itself knows where they went; resolve could not.
+    outcome.nodes = tuple(getattr(trainer, "nodes", None) or topology.nodes)
     build_s = loop.CLOCK() - startup_origin
     outcome.measurement.build_s = build_s  # kept should the loop itself raise
     outcome.stage = "train"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tf_tput.records import results
+from tf_tput.records import provenance, results
 from tf_tput.runtime import islands
 
 from cli_helpers import REPO, error_lines, run_cli
@@ -127,9 +127,16 @@ def test_jax_trains_across_two_islands_and_counts_the_bytes_between_them(tmp_pat
   assert record["status"] == "ok" and record["num_processes"] == 4
   assert (record["islands"], record["devices_per_island"], record["dcn_rate"]) == (
       2, 2, "1gbit")
+  _check_two_island_nodes(record)
   analytic = record["link_bytes_per_step_analytic"]
   assert analytic == 2 * 4 * record["num_params"]  # 2(K-1) float32 gradients
   assert abs(record["link_bytes_per_step"] - analytic) <= 0.15 * analytic
+
+
+def _check_two_island_nodes(record):
+  """Each island a node: this machine at the island's address."""
+  assert record["num_nodes"] == 2
+  assert record["nodes"] == [provenance.node_at(f"198.18.0.{k}") for k in (1, 2)]
 
 
 # Data parallel only: the model-axis groups' reduction is unit-tested
@@ -154,6 +161,7 @@ def test_mtf_trains_across_two_islands_as_on_one_host_and_counts_the_bytes(tmp_p
       2, 2, "1gbit")
   assert [w["address"].split(":")[0] for w in record["env"]["accelerators"]] == [
       "198.18.0.1", "198.18.0.2"]
+  _check_two_island_nodes(record)
   analytic = record["link_bytes_per_step_analytic"]
   # mtf reduces the relative bias's [length, memory, heads] gradient: more than params.
   assert analytic > 2 * 4 * record["num_params"]
@@ -161,6 +169,7 @@ def test_mtf_trains_across_two_islands_as_on_one_host_and_counts_the_bytes(tmp_p
   proc = run_cli(*train[2:], "--num_cpu_devices=4", f"--results={local}", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   same = json.loads(local.read_text())
+  assert same["nodes"] == [provenance.this_node()] and same["num_nodes"] == 1
   for a, b in zip(record["losses"], same["losses"], strict=True):
     assert abs(a - b) / b < 1e-5
 
@@ -190,6 +199,7 @@ def test_a_pipeline_across_two_islands_sends_its_stage_boundaries_over_the_link(
   results.validate(record)
   assert record["status"] == "ok" and record["pipeline_stages"] == 2
   assert (record["islands"], record["devices_per_island"]) == (2, 1)
+  _check_two_island_nodes(record)
   analytic = record["link_bytes_per_step_analytic"]
   boundary, embedding = 1 * 128 * 64 * 4, 512 * 64 * 4  # a micro-batch; the vocabulary
   assert analytic > 2 * 8 * boundary + 2 * embedding

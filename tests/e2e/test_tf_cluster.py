@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from tf_tput.records import results
+from tf_tput.records import provenance, results
 from tf_tput.runtime import islands, processes
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
@@ -75,6 +75,8 @@ def test_a_run_drives_every_workers_devices_and_ctrl_c_ends_every_child(tmp_path
   assert [w["task"] for w in workers] == [f"/job:worker/replica:0/task:{i}" for i in (0, 1)]
   assert [w["count"] for w in workers] == [2, 2]
   assert all(w["address"].startswith("127.0.0.1:") for w in workers)
+  # Workers on loopback: this machine, named as a local run names it.
+  assert record["nodes"] == [provenance.this_node()] and record["num_nodes"] == 1
   assert record["tokens_per_sec"] > 0 and len(record["losses"]) == 3
   # A decoder's record (tests/e2e/test_train_cli.py trains an encoder-decoder).
   assert record["arch"] == "decoder" and record["inputs_length"] is None

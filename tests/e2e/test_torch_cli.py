@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tf_tput import config, models
-from tf_tput.records import results
+from tf_tput.records import provenance, results
 
 from cli_helpers import run_cli
 
@@ -52,6 +52,8 @@ def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
   assert (launched["num_processes"], launched["num_devices"], launched["strategy"]) == (
       2, 2, "multi_process")
   assert launched["mesh_shape"] == "batch:2"
+  for record in (alone, launched):  # the two processes ran on this one machine
+    assert record["nodes"] == [provenance.this_node()] and record["num_nodes"] == 1
   assert alone["peak_source"].startswith("measured: torch 2048x2048 float32")
   # Each process trains half the rows; the summed gradients and losses are the
   # whole batch's, so both runs take the same steps (up to the sum's rounding).

@@ -7,7 +7,7 @@ import statistics
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from tf_tput import config, models
-from tf_tput.records import results
+from tf_tput.records import provenance, results
 
 from cli_helpers import REPO, error_lines, run_cli
 
@@ -32,6 +32,7 @@ def _check_trained(record, model: str, tokens_per_step: int):
   assert record["status"] == "ok" and record["error"] is None
   assert record["system"] == "mtf" and record["model"] == model
   assert record["mesh_shape"] == "batch:2;model:2" and record["num_devices"] == 4
+  assert record["nodes"] == [provenance.this_node()] and record["num_nodes"] == 1
   assert record["num_params"] == models.num_params(expected.model)
   assert len(record["losses"]) == 12 and record["final_loss"] == record["losses"][-1]
   # The loss falls: synthetic tokens follow a skewed unigram distribution to learn.

@@ -164,6 +164,7 @@ def test_a_failure_after_the_check_is_a_failed_record(cases, case, error_start):
   if case == "devices":  # the devices it asked for: none resolved
     assert record["num_devices"] == 1
     assert record["env"]["accelerators"][0]["platform"] == "unresolved"
+    assert record["nodes"] == [] and record["num_nodes"] == 0
 
 
 def test_numpy_numbers_reach_the_record_as_numbers(cases):

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from tf_tput.runtime import processes
+from tf_tput.records import provenance
+from tf_tput.runtime import islands, processes
 from tf_tput.errors import UsageError
-from tf_tput.systems.tensorflow import cluster
+from tf_tput.systems.tensorflow import cluster, runtime as tf_runtime
 
 
 def _tf_config(**overrides):
@@ -18,6 +19,19 @@ def _tf_config(**overrides):
                "task": {"type": "chief", "index": 0}}
   tf_config.update(overrides)
   return json.dumps(tf_config)
+
+
+def test_workers_count_as_nodes_by_address_those_here_as_they_name_themselves(
+    monkeypatch):
+  monkeypatch.setattr(provenance, "this_node", lambda: "me/10.0.0.9")
+  monkeypatch.setattr(socket, "gethostname", lambda: "me")
+  monkeypatch.setenv(islands.NUM_ISLANDS_ENV, "2")
+  assert tf_runtime.nodes_of(["127.0.0.1:2223", "127.0.0.1:2224", "[::1]:2225"]) == (
+      "me/10.0.0.9",)
+  assert tf_runtime.nodes_of(["198.18.0.2:1", "198.18.0.1:2", "198.18.0.1:3"]) == (
+      "me/198.18.0.1", "me/198.18.0.2")  # islands here, as this_node() names them inside
+  assert tf_runtime.nodes_of(["w1.example:2222", "10.0.0.2:2222", "w1.example:2223"]) == (
+      "10.0.0.2", "w1.example")
 
 
 def test_a_good_tf_config_gives_the_chief_and_the_workers_in_task_order():

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,8 @@ def valid_record(**overrides) -> dict:
       "status": "ok", "error": None, "system": "mtf", "strategy": "spmd",
       "model": "t5_tiny", "arch": "encoder_decoder", "num_params": 263168,
       "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
-      "num_devices": 4, "num_processes": 1, "global_batch": 8, "inputs_length": 16,
+      "num_devices": 4, "num_processes": 1, "nodes": ["test-host/10.0.0.1"],
+      "num_nodes": 1, "global_batch": 8, "inputs_length": 16,
       "targets_length": 16, "dtype": "float32", "embedding": "one_hot",
       "variant": "TorchOptions.compile=True", "caveat": None, "pipeline_stages": 1,
       "micro_batches": 1, "schedule": None, "bubble_fraction": 0.0, "islands": 0,
@@ -262,6 +264,26 @@ def test_a_record_from_before_a_later_field_is_read_but_not_written(tmp_path, sc
   with pytest.raises(ValueError, match=f"missing {first}"):
     results.append(str(tmp_path / "new.jsonl"), old)
   assert not (tmp_path / "new.jsonl").exists()
+
+
+def test_this_node_is_the_host_name_and_its_address(monkeypatch):
+  from tf_tput.records import provenance
+  monkeypatch.setattr(socket, "gethostname", lambda: "island-host")
+  monkeypatch.setattr(socket, "gethostbyname",
+                      {"island-host": "198.18.0.2"}.__getitem__)
+  assert provenance.this_node() == "island-host/198.18.0.2"
+
+  def unresolved(name):
+    raise socket.gaierror(-2, "Name or service not known")
+  monkeypatch.setattr(socket, "gethostbyname", unresolved)
+  assert provenance.this_node() == "island-host"
+
+
+def test_a_record_s_nodes_are_distinct_and_sorted_and_counted():
+  from tf_tput.records import build
+  assert build.node_fields(("h2/2", "h1/1", "h2/2")) == {"nodes": ["h1/1", "h2/2"],
+                                                         "num_nodes": 2}
+  assert build.node_fields(()) == {"nodes": [], "num_nodes": 0}  # never resolved
 
 
 def test_native_bfloat16_is_read_from_the_cpu_flags():

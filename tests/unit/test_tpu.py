@@ -13,6 +13,7 @@ import pytest
 from absl import flags
 
 from tf_tput import config, systems
+from tf_tput.records import provenance
 from tf_tput.runtime import topology, tpu
 from tf_tput.errors import UsageError
 from tf_tput.systems.tensorflow import tpu as tf_tpu
@@ -46,6 +47,17 @@ def test_a_tpu_address_resolves_to_its_master_and_cluster():
   assert config_proto.isolate_session_state
   assert [job.name for job in config_proto.cluster_def.job] == ["worker"]
   assert tf_tpu.accelerator_kind(resolver).startswith("TPU (type unknown")
+  assert tf_tpu.nodes(resolver, resolver.master()) == ("10.0.0.2",)
+
+
+def test_a_tpu_without_a_cluster_is_at_its_master_else_on_this_machine():
+  class NoApi:  # a resolver whose Cloud TPU API does not answer
+    task_type = "worker"
+
+    def cluster_spec(self):
+      raise RuntimeError("no API")
+  assert tf_tpu.nodes(NoApi(), "grpc://10.0.0.3:8470") == ("10.0.0.3",)
+  assert tf_tpu.nodes(NoApi(), "") == (provenance.this_node(),)  # a TPU VM's own
 
 
 def _v3_8():

@@ -33,6 +33,12 @@ def record(schema: str, fields: dict, accelerators: list, distributions: dict, *
   return ordered
 
 
+def node_fields(nodes) -> dict:
+  """A record's nodes (the distinct names, sorted) and num_nodes."""
+  nodes = sorted(set(nodes))
+  return {"nodes": nodes, "num_nodes": len(nodes)}
+
+
 def plain(value):
   """The record's values as JSON has them: numpy scalars as Python numbers, tuples as
   lists, anything JSON cannot hold as its repr (which the schema then names)."""

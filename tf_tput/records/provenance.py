@@ -6,6 +6,7 @@ import os
 import pathlib
 import platform
 import re
+import socket
 import subprocess
 import sys
 
@@ -70,6 +71,25 @@ def native_bfloat16(flags=None) -> list:
   """The CPU's native bfloat16 matmul instructions (empty: none)."""
   flags = cpu_flags() if flags is None else flags
   return [flag for flag in NATIVE_BFLOAT16_FLAGS if flag in flags]
+
+
+def this_node() -> str:
+  """This process's node, as records name it: "<host name>/<its address>". The
+  address tells apart the islands tf_tput.launch --islands makes on one machine
+  (network namespaces where the host name resolves to the island's own 198.18.0.x,
+  runtime/islands.py), as separate nodes, which they model; separate machines differ
+  by host name. Where the name does not resolve, the host name alone."""
+  host = socket.gethostname()
+  try:
+    return node_at(socket.gethostbyname(host))
+  except OSError:
+    return host
+
+
+def node_at(address: str) -> str:
+  """The node this machine is at `address` (an island's), as this_node() there names
+  it."""
+  return f"{socket.gethostname()}/{address}"
 
 
 def versions(distributions: dict) -> dict:

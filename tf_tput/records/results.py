@@ -27,6 +27,10 @@ FIELDS = {
     "schema": str, "run_id": str, "started_at": str, "status": str, "error": _OPT_STR,
     "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
+    # Where it ran: the distinct nodes its workers (the processes holding its devices)
+    # ran on, sorted (docs/records.md says how each runtime names them), and how many;
+    # [] and 0 where the devices never resolved.
+    "nodes": list, "num_nodes": int,
     "global_batch": int, "inputs_length": (int, type(None)), "targets_length": int,
     "dtype": str, "embedding": str,
     # How the system ran the config beyond its arithmetic (systems.variant: its
@@ -96,7 +100,8 @@ LATER_FIELDS = {
              "micro_batches", "schedule", "bubble_fraction", "islands",
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
              "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
-             "warmup_s", "compilation_cache", "variant", "caveat"),
+             "warmup_s", "compilation_cache", "variant", "caveat", "nodes",
+             "num_nodes"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

@@ -30,6 +30,11 @@ class Topology:
                              # devices), devices listed
   shares_host_cpu: bool = True  # every device runs on this host's CPU cores
   islands: int = 0           # tf_tput.launch --islands=K (0: none): an island mesh axis
+  # The distinct nodes its workers (the processes holding its devices) run on, sorted:
+  # provenance.this_node() of each process, or what the runtime can tell of a remote
+  # one (a TF worker's host); () where the runtime cannot tell before the trainer
+  # places its workers (the trainer's optional `nodes` then says, systems/__init__.py).
+  nodes: tuple = ()
   # Objects the run needs alive: a chief's server, a strategy, TPU handles.
   handles: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 

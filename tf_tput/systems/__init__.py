@@ -55,6 +55,10 @@ Across islands an optional attribute analytic_link_bytes_per_step gives the byte
 the trainer's own schedule sends between them per step (mtf's counted reduction, a
 pipeline's stage boundaries); without it, train records one float32 gradient per
 parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
+An optional Trainer attribute nodes (a tuple of node names, provenance.this_node's
+form where it can) says where a trainer that places its own workers put them (Ray's
+actors), known once built; without it (or empty) the record's nodes are the
+Topology's, which the runtime filled when it resolved.
 An optional Trainer method compile(batch) compiles the step ahead of time for batches
 shaped as the first; the shared loop calls it just before the first step and times it
 (compile_s, jax's trainers); without it the first step compiles (docs/measurement.md).

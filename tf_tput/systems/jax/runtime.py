@@ -60,6 +60,29 @@ def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
     raise outcome["error"]
 
 
+NODE_KEY = "tf_tput/node/"  # + process id: each process's node in the key-value store
+
+
+def gather_nodes(num_processes: int, process_id: int, timeout_s: float) -> tuple:
+  """Every joined process's node (provenance.this_node), distinct and sorted, through
+  jax.distributed's key-value store (the coordinator's), so that process 0, which
+  writes the record, knows them all. Each waits at most timeout_s for the others'."""
+  from jax._src import distributed  # its client: jax.distributed exports none
+  client = distributed.global_state.client
+  client.key_value_set(f"{NODE_KEY}{process_id}", provenance.this_node(),
+                       allow_overwrite=True)  # a process that resolves again
+  try:
+    nodes = {client.blocking_key_value_get(f"{NODE_KEY}{i}", int(timeout_s * 1000))
+             for i in range(num_processes)}
+  except Exception as e:  # noqa: BLE001: XLA's runtime error, its status in the text
+    if "DEADLINE_EXCEEDED" not in str(e):
+      raise
+    raise TimeoutError(f"process {process_id}: not every process told its node through "
+                       f"the JAX coordinator within --cluster_timeout_s={timeout_s:g}; "
+                       "one of them failed first (its log says why)") from None
+  return tuple(sorted(nodes))
+
+
 # JAX's monitoring events: every compilation that asks the persistent cache, and
 # those it answers (jax/_src/compiler.py, compile_or_get_cached). A miss is a request
 # without a hit (JAX's cache_misses event counts only entries written).
@@ -147,10 +170,12 @@ class JaxRuntime:
     devices = jax.devices()
     platform = devices[0].platform
     kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind
+    nodes = ((provenance.this_node(),) if num_processes == 1 else
+             gather_nodes(num_processes, process_id, cluster_timeout_s))
     return Topology("jax", platform, tuple(str(d) for d in devices), kind,
                     num_processes=jax.process_count(),
                     strategy="multi_process" if num_processes > 1 else "local",
-                    islands=topology_lib.launched_islands())
+                    islands=topology_lib.launched_islands(), nodes=nodes)
 
   def matmul_runner(self, topology, n: int, dtype: str):
     import jax

@@ -141,13 +141,32 @@ def _resolve_cluster(cluster_timeout_s: float) -> Topology:
                   num_processes=len(workers), strategy="multi_worker",
                   session_target=server.target, workers=tuple(workers),
                   shares_host_cpu=loopback and not gpu, handles={"server": server},
-                  islands=topology_lib.launched_islands())
+                  islands=topology_lib.launched_islands(),
+                  nodes=nodes_of(w.address for w in workers))
+
+
+def nodes_of(addresses) -> tuple:
+  """A cluster's nodes from its workers' host:port addresses, distinct and sorted (the
+  chief holds no devices). A remote worker's node is its address's host: this process
+  cannot ask it its name. Workers on this machine are named as they would name
+  themselves (provenance.this_node): on loopback, this process's node; in an island
+  tf_tput.launch made here, this machine at the island's address."""
+  def node(address):
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if not _on_this_host(address):
+      return host
+    return provenance.this_node() if _loopback(address) else provenance.node_at(host)
+  return tuple(sorted({node(address) for address in addresses}))
+
+
+def _loopback(address: str) -> bool:
+  return address.startswith(("127.", "localhost:", "[::1]"))
 
 
 def _on_this_host(address: str) -> bool:
   """Loopback, or inside the islands tf_tput.launch made here (network namespaces of
   this host, on 198.18.0.0/15)."""
-  if address.startswith(("127.", "localhost:", "[::1]")):
+  if _loopback(address):
     return True
   import ipaddress
   host = address.rsplit(":", 1)[0]
@@ -193,7 +212,8 @@ def _resolve_workers(timeout_s: float) -> Topology:
                   provenance.cpu_model() if loopback else "remote host CPU",
                   num_processes=len(workers), strategy="multi_worker",
                   shares_host_cpu=loopback, handles={"strategy": strategy,
-                                                     "task_index": index})
+                                                     "task_index": index},
+                  nodes=nodes_of(workers))
 
 
 def _join_workers(tf, workers: list, index: int, timeout_s: float):
@@ -232,7 +252,8 @@ def _resolve_tpu(tpu_address, timeout_s: float) -> Topology:
   return Topology("tf", "tpu", tpu_slice.devices, tpu_slice.accelerator_kind,
                   num_processes=tpu_slice.num_hosts, strategy="tpu",
                   session_target=tpu_slice.master, shares_host_cpu=False,
-                  handles=tpu_slice.handles)
+                  handles=tpu_slice.handles,
+                  nodes=tf_tpu.nodes(tpu_slice.handles["resolver"], tpu_slice.master))
 
 
 def _resolve_tpu_strategy(tpu_address, timeout_s: float) -> Topology:
@@ -243,23 +264,24 @@ def _resolve_tpu_strategy(tpu_address, timeout_s: float) -> Topology:
   devices = tuple(strategy.extended.worker_devices)
   return Topology("tf", "tpu", devices, tf_tpu.accelerator_kind(resolver),
                   num_processes=1, strategy="tpu", shares_host_cpu=False,
-                  handles={"strategy": strategy, "resolver": resolver})
+                  handles={"strategy": strategy, "resolver": resolver},
+                  nodes=tf_tpu.nodes(resolver, resolver.master()))
 
 
 def _resolve_local(num_cpu_devices: Optional[int]) -> Topology:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
 
-  cpu_kind = provenance.cpu_model()
+  cpu_kind, here = provenance.cpu_model(), (provenance.this_node(),)
   if num_cpu_devices:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * num_cpu_devices)
     names = tuple(f"/device:CPU:{i}" for i in range(num_cpu_devices))
-    return Topology("tf", "cpu", names, cpu_kind)
+    return Topology("tf", "cpu", names, cpu_kind, nodes=here)
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     details = tf.config.experimental.get_device_details(gpus[0])
     names = tuple(f"/device:GPU:{i}" for i in range(len(gpus)))
-    return Topology("tf", "gpu", names, details.get("device_name", "GPU"))
-  return Topology("tf", "cpu", ("/device:CPU:0",), cpu_kind)
+    return Topology("tf", "gpu", names, details.get("device_name", "GPU"), nodes=here)
+  return Topology("tf", "cpu", ("/device:CPU:0",), cpu_kind, nodes=here)

@@ -18,6 +18,7 @@ import time
 
 from tf_tput import errors
 from tf_tput.errors import UsageError
+from tf_tput.records import provenance
 from tf_tput.runtime.tpu import TpuAddress
 
 
@@ -53,6 +54,23 @@ def accelerator_kind(resolver) -> str:
   if accelerator_type:
     return f"TPU {accelerator_type.split('-')[0]}"
   return "TPU (type unknown: no Cloud TPU API answer)"
+
+
+def nodes(resolver, master: str) -> tuple:
+  """The slice's nodes, sorted: the hosts of the TPU workers the resolver's cluster
+  lists (the Cloud TPU API's network endpoints: one per TPU host of a pod), else the
+  master's host; a TPU VM's own chips (--tpu=local: no cluster, no master), this
+  machine. NOT exercised (no TPU here): what a pod's resolver lists was read in TF's
+  TPUClusterResolver.cluster_spec, never seen."""
+  try:
+    spec, job = resolver.cluster_spec(), resolver.task_type
+    addresses = spec.job_tasks(job) if job in spec.jobs else []
+  except Exception:  # noqa: BLE001: no API to ask; the master still says where
+    addresses = []
+  if not addresses and master.startswith("grpc://"):
+    addresses = [master[len("grpc://"):]]
+  hosts = {a.rsplit(":", 1)[0].strip("[]") for a in addresses if a}
+  return tuple(sorted(hosts)) if hosts else (provenance.this_node(),)
 
 
 @dataclasses.dataclass(frozen=True)

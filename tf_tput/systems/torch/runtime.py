@@ -180,15 +180,20 @@ class TorchRuntime:
       device, platform, kind = "cpu", "cpu", provenance.cpu_model()
       if num_processes > 1:  # the processes share this host's cores
         torch.set_num_threads(max(1, host_cores() // num_processes))
+    nodes = [provenance.this_node()]
     if num_processes > 1:
       join_processes(dist, os.environ[processes.COORDINATOR_ENV], num_processes,
                      process_id, "nccl" if cuda else "gloo", cluster_timeout_s)
+      # Every process's node, so that process 0, which writes the record, knows all.
+      nodes = [None] * num_processes
+      dist.all_gather_object(nodes, provenance.this_node())
     return Topology("torch", platform,
                     tuple(f"{platform}:{i}" for i in range(num_processes)), kind,
                     num_processes=num_processes,
                     strategy="multi_process" if num_processes > 1 else "local",
                     islands=topology_lib.launched_islands(),
-                    handles={"device": device, "rank": process_id})
+                    handles={"device": device, "rank": process_id},
+                    nodes=tuple(sorted(set(nodes))))
 
   def matmul_runner(self, topology, n: int, dtype: str):
     import torch

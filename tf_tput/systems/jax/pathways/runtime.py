@@ -31,6 +31,7 @@ from typing import Optional
 from absl import logging
 
 from tf_tput.errors import UsageError
+from tf_tput.records import provenance
 from tf_tput.runtime.topology import Topology
 from tf_tput.systems.jax import runtime as jax_runtime
 
@@ -136,9 +137,13 @@ class PathwaysRuntime:
         math.ceil(cluster_timeout_s) + jax_runtime.ABORT_MARGIN_S))
     pathwaysutils.initialize()  # registers the proxy backend (JAX_PLATFORMS=proxy)
     devices = connect(jax, target, cluster_timeout_s)
+    # The client's node only: the proxy presents every chip of the cluster as this one
+    # process's (jax.process_count() is 1), so JAX's devices name no TPU host behind
+    # it (expected, not seen: NEVER_RUN).
     return Topology(self.name, devices[0].platform, tuple(str(d) for d in devices),
                     devices[0].device_kind, num_processes=jax.process_count(),
-                    strategy="local", shares_host_cpu=False)
+                    strategy="local", shares_host_cpu=False,
+                    nodes=(provenance.this_node(),))
 
   def matmul_runner(self, topology, n: int, dtype: str):
     return jax_runtime.RUNTIME.matmul_runner(topology, n, dtype)
