@@ -28,10 +28,12 @@ from tf_tput.runtime import islands
 import process_checks
 from cli_helpers import REPO, error_lines
 
-pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None
-                                    for m in ("ray", "torch")),
-                                reason="the ray extra (ray, torch) is not installed")
 IN_NAMESPACES = islands.missing() is None
+pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                                     for m in ("ray", "torch")),
+                                 reason="the ray extra (ray, torch) is not installed")]
+if not IN_NAMESPACES:  # Ray's ports on this machine's own loopback (tests/conftest.py)
+  pytestmark.append(pytest.mark.loopback_ports)
 WHERE = "in_two_namespaces" if IN_NAMESPACES else "on_loopback_without_root"
 TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=t5_tiny",
               "--gin_param=MeshConfig.mesh_shape='batch:2'", "--warmup_steps=1"]
@@ -50,18 +52,26 @@ print(json.dumps({
 """
 
 
+# Ray's GCS declares a node dead after 5 health checks 3 s apart fail; here after 3
+# a second apart, so that the node-loss test waits 4 s for it instead of 16.
+FAST_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000",
+                      "RAY_health_check_failure_threshold": "3"}
+
+
 @pytest.fixture(scope="module")
 def cluster():
   """Two Ray nodes of 1 CPU each; afterwards nothing of them may be left running."""
   from tf_tput.systems.torch.ray import nodes as ray_nodes
   mark, since = process_checks.new_mark(), time.time() - 1.0
-  os.environ[process_checks.MARK] = mark
+  added = {process_checks.MARK: mark, **FAST_HEALTH_CHECKS}
+  os.environ.update(added)
   try:
     with contextlib.ExitStack() as stack:
       network = stack.enter_context(islands.IslandNetwork(2, None)) if IN_NAMESPACES else None
       yield stack.enter_context(ray_nodes.Nodes(2, 1, network)).start(timeout_s=120)
   finally:
-    del os.environ[process_checks.MARK]
+    for name in added:
+      del os.environ[name]
   assert process_checks.left_running(since, mark, settle_s=5) == []
 
 
