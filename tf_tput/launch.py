@@ -72,12 +72,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Processes to start, each running the "
                      "command (systems that run as processes).")
 flags.DEFINE_integer("num_workers", None, "Worker servers to start for the command's "
-                     "--system (TF workers; Ray nodes for --system=ray); the command "
-                     "drives them as the cluster's chief, or runs on every worker where "
-                     "its system says so. Unset with --islands=K: K, where the system "
-                     "has worker servers.")
+                     "--system (docs/clusters.md says what each system's are); the "
+                     "command drives them as the cluster's chief, or runs on every "
+                     "worker where its system says so. Unset with --islands=K: K, where "
+                     "the system has worker servers.")
 flags.DEFINE_integer("devices_per_worker", 1, "Logical CPU devices per worker server "
-                     "(a Ray node's CPUs: actors it can hold).")
+                     "(the CPUs it offers).")
 flags.DEFINE_integer("port", 0, "Workers: first of num_workers + 1 consecutive loopback "
                      "ports (chief, then workers); 0 picks free ports.")
 flags.DEFINE_float("start_timeout_s", 60.0, "Workers: seconds they get to start serving.")

@@ -170,7 +170,7 @@ def test_system_is_registered_and_data_parallel_only():
   system = systems.load("torch")
   assert (system.name, system.runtime.name, system.multi_process, system.pipelines,
           system.strategies, system.every_worker, system.islands) == (
-      "torch", "torch", True, False, ("local",), False, ())
+      "torch", "torch", True, False, ("local",), False, ("data",))
   assert system.embeddings == ("one_hot", "gather")
   system.check(config.load_experiment(["t5_tiny", "data2"], []), "local")
   with pytest.raises(UsageError, match="--system=mtf or --system=jax") as raised:
