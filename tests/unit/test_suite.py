@@ -274,7 +274,23 @@ def test_islands_local_runs_under_the_launcher_with_one_key_per_link():
   command = jax[1].command("out.jsonl")
   assert command[1:3] == ["-m", "tf_tput.launch"] and "--" in command
   assert command[command.index("--") + 2:command.index("--") + 4] == ["-m", "tf_tput.train"]
-  assert len({run.key for run in runs}) == 8
+  assert len({run.key for run in runs}) == 16  # jax, mtf, torch, ray: 4 links each
+
+
+def test_ray_islands_runs_are_ray_nodes_driven_locally_with_the_key_train_computes():
+  runs = [run for run in suites.expand(suites.load("islands_local"))
+          if run.flags["system"] == "ray"]
+  assert [run.launcher for run in runs] == [
+      ("--num_workers=2", "--islands=1", "--devices_per_worker=1")] + [
+      ("--num_workers=2", "--islands=2", f"--dcn_rate={rate}", "--devices_per_worker=1")
+      for rate in ("none", "100mbit", "20mbit")]
+  # the driver runs locally: one actor per node's CPU, as many devices as nodes
+  assert all(run.strategy == "local" and run.flags["num_cpu_devices"] == 2
+             and "strategy" not in run.flags for run in runs)
+  assert runs[-1].key == keys.run_key("ray", runs[-1].flags["gin_file"],
+                                      runs[-1].flags["gin_param"], 2, "local",
+                                      keys.code_version(),
+                                      keys.launch_fields(1, 2, "20mbit"))
 
 
 def test_mtf_islands_runs_are_tf_workers_with_the_key_train_computes():
