@@ -224,11 +224,31 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     time.sleep(POLL_S)
 
 
-def interrupted_exit(interrupted: list, servers: str) -> int:
-  """The exit code (128 + signal) and error line of a launch stopped by a signal."""
-  print(f"error: interrupted by signal {interrupted[0]}; stopped the command and "
-        f"{servers}", file=sys.stderr)
-  return 128 + interrupted[0]
+def run_with_servers(servers, noun: str, count: int, start, command: list, env: dict,
+                     grace_s: float, timeout_s, loss_grace_s: float) -> int:
+  """Starts `count` servers (TF workers, Ray nodes: `noun`), then `command` with `env`
+  as the process that drives them, and returns its exit code (watch_command).
+  start(interrupted) returns once they serve, with what the command's environment
+  needs of them beyond `env` (or None), or raises RuntimeError / TimeoutError (then:
+  one error line, exit 1). Ctrl-C / SIGTERM: 128 + signal. However it ends,
+  the command is stopped, then servers.stop(grace_s)."""
+  driver = []
+  with recording_signals() as interrupted:
+    try:
+      served = start(lambda: bool(interrupted)) or {}
+      driver.append(popen(command, env=dict(env, **served)))
+      return watch_command(driver[0], servers, f"the {noun}", timeout_s, interrupted,
+                           loss_grace_s)
+    except (RuntimeError, TimeoutError) as e:
+      print(f"error: {e}; stopped all {count} {noun}", file=sys.stderr)
+      return 1
+    except KeyboardInterrupt:
+      print(f"error: interrupted by signal {interrupted[0]}; stopped the command and "
+            f"all {count} {noun}", file=sys.stderr)
+      return 128 + interrupted[0]
+    finally:
+      stop(driver, grace_s)  # no orphans, whatever happened
+      servers.stop(grace_s)
 
 
 def watch_command(command, servers, what: str, timeout_s, interrupted: list,

@@ -16,7 +16,6 @@ its output in a log file whose end is quoted when it fails.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -188,25 +187,16 @@ def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: fl
   if in_islands:
     chief_env.update(network.process_env(network.islands[0]))
   lifetime_s = timeout_s + start_timeout_s + 60 if timeout_s else UNBOUNDED_LIFETIME_S
-  chief = []
-  with processes.recording_signals() as interrupted, \
-      tempfile.TemporaryDirectory(prefix="tf_tput_workers_") as log_dir:
+  with tempfile.TemporaryDirectory(prefix="tf_tput_workers_") as log_dir:
     workers = WorkerProcesses(spec, devices_per_worker, log_dir, lifetime_s,
                               die_with_parent=True, network=network)
-    try:
+
+    def start(interrupted):
       workers.start()
       workers.wait_until_serving(time.monotonic() + start_timeout_s,
-                                 f"--start_timeout_s={start_timeout_s:g}",
-                                 interrupted=lambda: bool(interrupted))
-      env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)},
-                 **chief_env)
-      chief.append(processes.popen(chief_prefix + list(command), env=env))
-      return processes.watch_command(chief[0], workers, "the workers", timeout_s,
-                                     interrupted, WORKER_LOSS_GRACE_S)
-    except (RuntimeError, TimeoutError) as e:
-      print(f"error: {e}; stopped all {num_workers} workers", file=sys.stderr)
-      return 1
-    except KeyboardInterrupt:
-      return processes.interrupted_exit(interrupted, f"all {num_workers} workers")
-    finally:
-      processes.stop(chief + workers.procs, grace_s)  # no orphans, whatever happened
+                                 f"--start_timeout_s={start_timeout_s:g}", interrupted)
+
+    env = dict(os.environ, **{cluster.ENV: tf_config(spec, cluster.CHIEF, 0)}, **chief_env)
+    return processes.run_with_servers(workers, "workers", num_workers, start,
+                                      chief_prefix + list(command), env, grace_s,
+                                      timeout_s, WORKER_LOSS_GRACE_S)

@@ -162,8 +162,9 @@ class Nodes:
       return None
     return next((c.pid for c in children if c.name() == "raylet"), None)
 
-  def stop(self) -> None:
-    """Stops every node, workers first, then removes the temporary directory."""
+  def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+    """Stops every node, workers first (each `ray start` gets grace_s to stop what it
+    started), then removes the temporary directory."""
     if not self.procs and self._dir is None:
       return
     self._track()
@@ -174,7 +175,7 @@ class Nodes:
         except ProcessLookupError:
           pass
       try:
-        p.wait(timeout=STOP_GRACE_S)
+        p.wait(timeout=grace_s)
       except subprocess.TimeoutExpired:
         pass
     processes.stop(self.procs, 0)  # SIGKILL to each node's group that is left
@@ -203,23 +204,14 @@ def launch(command: list, num_nodes: int, cpus_per_node: int, timeout_s,
   128 + signal. ports: --port's, the head's GCS on the first. chief_env adds
   variables to the driver's environment."""
   nodes = Nodes(num_nodes, cpus_per_node, network)
-  env = dict(chief_env or {})
+  env = dict(os.environ, **(chief_env or {}))
   if nodes.in_islands:
     env.update(network.process_env(network.islands[0]))
-  driver = []
-  with processes.recording_signals() as interrupted:
-    try:
-      nodes.start(start_timeout_s, lambda: bool(interrupted),
-                  head_port=ports[0] if ports else None)
-      driver.append(processes.popen(nodes.exec_prefix(0) + list(command),
-                                    env=dict(os.environ, **nodes.driver_env(), **env)))
-      return processes.watch_command(driver[0], nodes, "the Ray nodes", timeout_s,
-                                     interrupted, NODE_LOSS_GRACE_S)
-    except (RuntimeError, TimeoutError) as e:
-      print(f"error: {e}; stopped all {num_nodes} Ray nodes", file=sys.stderr)
-      return 1
-    except KeyboardInterrupt:
-      return processes.interrupted_exit(interrupted, f"all {num_nodes} Ray nodes")
-    finally:
-      processes.stop(driver, STOP_GRACE_S)  # no orphans, whatever happened
-      nodes.stop()
+
+  def start(interrupted) -> dict:
+    nodes.start(start_timeout_s, interrupted, head_port=ports[0] if ports else None)
+    return nodes.driver_env()  # RAY_ADDRESS: the head's, known once it started
+
+  return processes.run_with_servers(nodes, "Ray nodes", num_nodes, start,
+                                    nodes.exec_prefix(0) + list(command), env,
+                                    STOP_GRACE_S, timeout_s, NODE_LOSS_GRACE_S)
