@@ -105,10 +105,27 @@ def test_a_run_joins_with_one_actor_per_node_and_leaves_the_cluster_as_found(
   assert record["num_nodes"] == 2, record["nodes"]
   if IN_NAMESPACES:  # each node at its island's address
     assert [n.split("/")[1] for n in record["nodes"]] == ["198.18.0.1", "198.18.0.2"]
+  if IN_NAMESPACES:
+    _check_listening_only_in_the_namespaces(cluster)
   code, listed, err = _run(cluster, "-c", LIST_LEFTOVERS, timeout=120)
   assert code == 0, err[-3000:]
   assert json.loads(listed) == {"actors": [], "placement_groups": [], "jobs": [],
                                 "nodes_alive": 2}
+
+
+def _check_listening_only_in_the_namespaces(cluster):
+  """Ray's servers listen on every interface, of their namespaces only: this
+  machine's socket table (psutil reads the caller's namespace) holds none of theirs,
+  the head's namespace's does (so the check is not vacuous)."""
+  import psutil
+  pids = {p.pid for node in cluster.procs
+          for p in psutil.Process(node.pid).children(recursive=True)}
+  here = [c for c in psutil.net_connections("inet")
+          if c.status == psutil.CONN_LISTEN and c.pid in pids]
+  assert here == []
+  inside = subprocess.run(cluster.exec_prefix(0) + ["ss", "-ltnH"], capture_output=True,
+                          text=True, check=True).stdout
+  assert "0.0.0.0:" in inside or "*:" in inside, inside
 
 
 @pytest.mark.parametrize("where", [WHERE])

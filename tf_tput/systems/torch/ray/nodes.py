@@ -6,16 +6,18 @@ Where a runtime.islands.IslandNetwork is given, node i runs in island
 network.island_of(i, count) at that island's address, so that what the nodes send
 each other (the object store's transfers, gloo between actors, Ray's control RPCs)
 crosses the islands' shaped links and nothing else; the driver runs in island 0 with
-the head. Without one (a runtime.islands.PrivateNetwork, or None where servers may be
-exposed) every node runs on 127.0.0.1, Ray's servers bound to loopback
-(cluster.loopback_env's setting), inside the private namespace where one is given.
+the head. Without one every node is started at 127.0.0.1: inside a
+runtime.islands.PrivateNetwork, where loopback is all there is, or, given None (where
+servers may be exposed), in this machine's network, where Ray advertises its
+routable address instead. Either way Ray's servers listen on every interface: it
+refuses a multi-node cluster in the loopback-only mode cluster.py uses.
 
 Each node is one `ray start --block` process in a session of its own, its output in a
 log file; the cluster is stopped by SIGTERM to those processes (Ray then stops what it
 started), workers first and the head last, and after STOP_GRACE_S by SIGKILL to
 whatever they started that is left. The cluster uses token authentication with a
-token of its own (AUTH_ENV, in a file of its temporary directory), never the user's
-~/.ray/auth_token: driver_env() carries it to the driver.
+token of its own, in a file of its temporary directory (env()), never the user's
+~/.ray/auth_token; driver_env() carries it to the driver.
 """
 
 import os

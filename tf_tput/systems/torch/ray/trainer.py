@@ -22,8 +22,9 @@ every actor is killed (a survivor may wait inside a collective for the dead one)
 the step raises; the loop records it. A node that dies takes its actors with it, but
 Ray declares them dead only once its health checks give up on the node (about 15 s
 by default), while their peers fail at once in the collective: the driver then
-waits up to NODE_LOSS_S for Ray to name the dead node. Actors start within --cluster_timeout_s (held in
-topology.handles). close() kills the actors and stops the run's cluster.
+waits up to NODE_LOSS_S for Ray to name the dead node. Actors start within
+--cluster_timeout_s (held in topology.handles). close() kills the actors, removes
+their placement group and stops the run's cluster (leaves a joined one).
 """
 
 import importlib
@@ -124,8 +125,7 @@ class RayTrainer:
         timeout_s, where=f"the Ray cluster at {self._cluster.address}",
         flag="--cluster_timeout_s")
     # The actors share this host's cores evenly, as launched torch processes do. In a
-    # joined cluster (not exercised here) that is the driver's host's count, which
-    # assumes nodes like it.
+    # joined cluster that is the driver's host's count, which assumes nodes like it.
     threads = max(1, torch_runtime.host_cores() // count) if not gpu else 1
     bundle = {"CPU": 1, **({"GPU": 1} if gpu else {})}
     actor = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)(TrainerActor)
@@ -153,7 +153,7 @@ class RayTrainer:
       self._gather([a.join.remote(host, port, join_s) for a in self._actors],
                    f"joining the actors' process group (rendezvous at "
                    f"tcp://{host}:{port})")
-      built = [a.build.remote(experiment, replica, options or {}) for a in self._actors]
+      built = [a.build.remote(experiment, replica, options) for a in self._actors]
       self.num_params = self._gather(built, "building the torch trainers")[0]
       if topology.islands > 1:
         self.analytic_link_bytes_per_step = link_bytes(experiment, count, topology.islands)
@@ -255,9 +255,10 @@ class RayTrainer:
 
 
 def link_bytes(experiment, actors: int, num_islands: int) -> int:
-  """Bytes a step sends between islands, one Ray node per island and the actors
-  spread island-major over them: the actors' all-reduce (torch/trainer.py) and the
-  global batch, pulled once by each island but the driver's."""
+  """Bytes a step sends between islands, one Ray node per island: the actors'
+  all-reduce (torch/trainer.py) and the global batch, pulled once by each island but
+  the driver's. The ring's count assumes ranks island-major; with more actors than
+  islands SPREAD may interleave them, and then more crosses than this says."""
   from tf_tput.systems.torch import trainer as torch_trainer
   lengths = data.lengths_of(experiment)
   batch = experiment.train.global_batch * data.TOKEN_BYTES * sum(
