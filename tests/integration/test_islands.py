@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tf_tput.errors import UsageError
@@ -104,13 +105,19 @@ def test_an_error_inside_removes_everything():
 @needs_islands
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_a_maker_that_is_killed_leaves_nothing(sig):
-  """Even SIGKILL, which no handler sees: the reaper removes the namespaces."""
+  """Even SIGKILL, which no handler sees: the reaper kills what still runs inside
+  (here a process in a session of its own, as Ray's agents are) and removes the
+  namespaces."""
   maker = subprocess.Popen(
-      [sys.executable, "-c", "import time; from tf_tput.runtime import islands\n"
-       "with islands.IslandNetwork(3, 10**8):\n  print('up', flush=True); time.sleep(600)"],
+      [sys.executable, "-c", "import subprocess, time; from tf_tput.runtime import islands\n"
+       "with islands.IslandNetwork(3, 10**8) as net:\n"
+       "  inside = subprocess.Popen(net.islands[1].exec_prefix() + ['sleep', '600'],\n"
+       "                            start_new_session=True)\n"
+       "  print('up', inside.pid, flush=True); time.sleep(600)"],
       stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
   try:
-    assert maker.stdout.readline().strip() == "up"
+    up, inside = maker.stdout.readline().split()
+    assert up == "up"
     assert len(namespaces_left(maker.pid, settle_s=0)) == 4  # 3 islands + the bridge
     maker.send_signal(sig)
     maker.wait(timeout=30)
@@ -119,6 +126,8 @@ def test_a_maker_that_is_killed_leaves_nothing(sig):
       time.sleep(0.2)
     assert namespaces_left(maker.pid) == []
     assert not any((islands.NETNS_ETC / f"tt{maker.pid}i{k}").exists() for k in range(3))
+    assert not psutil.pid_exists(int(inside)) or psutil.Process(
+        int(inside)).status() == psutil.STATUS_ZOMBIE
   finally:
     maker.kill()
 

@@ -17,7 +17,8 @@ libraries that bind to the host name, as gloo does, bind to the island's link.
 Everything made is removed on success, failure, Ctrl-C and SIGTERM
 (the context manager) and when the process that made it is killed outright: a reaper
 process, started first, waits on a pipe whose other end only this process holds, and
-removes the namespaces when it closes (as the kernel closes it on any death).
+when it closes (as the kernel closes it on any death) kills every process still
+inside the namespaces and removes them.
 
 PrivateNetwork is the same machinery for one namespace with nothing but loopback and
 no islands: servers that listen on every interface (some cannot be told otherwise)
@@ -60,12 +61,21 @@ NETNS_ETC = pathlib.Path("/etc/netns")  # iproute2's per-namespace /etc overlay
 LINKS_ENV = "TF_TPUT_ISLAND_LINKS"
 DCN_RATE_ENV = "TF_TPUT_DCN_RATE"
 
-# The reaper: reads its stdin until EOF (the maker closed it or died), then removes
+# The reaper: reads its stdin until EOF (the maker closed it or died), then kills
+# whatever still runs inside the namespaces (a grandchild of the maker's that no
+# parent-death signal reached: Ray's agents outlive their raylet) and removes
 # the namespaces named in its arguments. Runs in a session of its own, so signals to
 # the maker's terminal or process group do not reach it.
-_REAPER = ("import shutil, subprocess, sys\n"
+_REAPER = ("import os, shutil, subprocess, sys\n"
            "sys.stdin.buffer.read()\n"
            "for name in sys.argv[1:]:\n"
+           "  pids = subprocess.run(['ip', 'netns', 'pids', name], capture_output=True,\n"
+           "                        text=True).stdout.split()\n"
+           "  for pid in pids:\n"
+           "    try:\n"
+           "      os.kill(int(pid), 9)\n"
+           "    except OSError:\n"
+           "      pass\n"
            "  subprocess.run(['ip', 'netns', 'delete', name], stderr=subprocess.DEVNULL)\n"
            f"  shutil.rmtree({str(NETNS_ETC)!r} + '/' + name, ignore_errors=True)\n")
 
