@@ -75,6 +75,11 @@ def test_variant_names_non_default_options_and_scanned_layers():
                                     systems.options("torch"))
   assert systems.variant("torch", compiled) == "TorchOptions.compile=True"
   assert "TorchOptions.compile = True" in compiled.operative_config  # recorded config
+  plain = config.load_experiment(["t5_tiny"], [], systems.options("ray"))
+  assert systems.variant("ray", plain) is None  # SPREAD: the default placement
+  packed = config.load_experiment(["t5_tiny"], ["RayOptions.placement = 'PACK'"],
+                                  systems.options("ray"))
+  assert systems.variant("ray", packed) == "RayOptions.placement='PACK'"
   scanned = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
   assert systems.variant("jax", scanned) == "ModelConfig.scan_layers=True"
   assert systems.caveat("jax") is None and "never run" in systems.caveat("pathways")
@@ -136,3 +141,12 @@ def test_extending_md_lists_exactly_the_interface(heading, protocol):
   cls = getattr(importlib.import_module(module), name)
   assert _doc_table(heading) == _protocol_members(cls), (
       f"docs/extending.md '{heading}' and {protocol} differ; update the table")
+
+
+def test_an_unknown_ray_placement_is_one_line_naming_the_strategies():
+  experiment = config.load_experiment(["t5_tiny", "data2"],
+                                      ["RayOptions.placement = 'SCATTER'"],
+                                      systems.options("ray"))
+  with pytest.raises(UsageError, match="'SCATTER'; choose one of SPREAD, PACK") as e:
+    systems.load("ray").check(experiment, "local")
+  assert "\n" not in str(e.value)
