@@ -165,8 +165,9 @@ def main(argv) -> int:
     return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
                   "--islands=K")
   try:
+    named = systems.named_in(command, default=None)  # a train command's --system
     if (FLAGS.num_processes is None and FLAGS.num_workers is None and FLAGS.islands
-        and systems.load(systems.named_in(command)).runtime.serves_workers):
+        and named and systems.load(named).runtime.serves_workers):
       FLAGS.num_workers = FLAGS.islands  # one worker server (a Ray node) per island
     if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
       return _usage("give exactly one of --num_processes=N (processes, each running "

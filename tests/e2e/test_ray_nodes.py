@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,20 +38,46 @@ if not IN_NAMESPACES:  # Ray's ports on this machine's own loopback (tests/conft
 WHERE = "in_two_namespaces" if IN_NAMESPACES else "on_loopback_without_root"
 TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=t5_tiny",
               "--gin_param=MeshConfig.mesh_shape='batch:2'", "--warmup_steps=1"]
-# What a run of the cluster's own left on it: run as another driver of the cluster.
-LIST_LEFTOVERS = """
+# What a run left on the cluster, listed by another driver once it ended (the user's
+# view: Ray also removes an ended job's actors and groups itself), and by a driver that
+# closes its trainer but stays connected (so that what close() removed is what counts).
+LIST = """
 import json, ray
 from ray._private import state
-ray.init(log_to_driver=False)
-me = ray.get_runtime_context().get_job_id()
-print(json.dumps({
-    "actors": [a["ActorID"] for a in state.actors().values() if a["State"] != "DEAD"],
-    "placement_groups": [g for g, info in ray.util.placement_group_table().items()
-                         if info["state"] != "REMOVED"],
-    "jobs": [j["JobID"] for j in state.jobs() if not j["IsDead"] and j["JobID"] != me],
-    "nodes_alive": sum(n["Alive"] for n in ray.nodes())}))
-"""
 
+def leftovers(job=None):
+  me = ray.get_runtime_context().get_job_id()
+  return {
+      "actors": [a["ActorID"] for a in state.actors().values()
+                 if a["State"] != "DEAD" and (job is None or a["JobID"] == job)],
+      "placement_groups": [g for g, info in ray.util.placement_group_table().items()
+                           if info["state"] != "REMOVED"],
+      "jobs": [j["JobID"] for j in state.jobs() if not j["IsDead"] and j["JobID"] != me],
+      "nodes_alive": sum(n["Alive"] for n in ray.nodes())}
+"""
+LIST_AFTER_THE_RUN = LIST + """
+ray.init(log_to_driver=False)
+print(json.dumps(leftovers()))
+"""
+CLOSE_AND_LIST = LIST + """
+import time
+from tf_tput import config, data, systems
+ray_system = systems.load("ray")
+experiment = config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2.gin"], [],
+                                    systems.options("ray"))
+topology = ray_system.runtime.resolve(2)
+trainer = ray_system.build(experiment, topology)
+trainer.step(next(data.batches(experiment)))
+topology.handles["cluster"].stop = lambda: None  # stay connected: the job lives on
+trainer.close()
+job = ray.get_runtime_context().get_job_id()
+for _ in range(50):  # ray.kill is asynchronous
+  left = leftovers(job)
+  if not left["actors"] and not left["placement_groups"]:
+    break
+  time.sleep(0.1)
+print(json.dumps(dict(left, nodes_held=len(trainer.nodes))))
+"""
 
 # Ray's GCS declares a node dead after 5 health checks 3 s apart fail; here after 3
 # a second apart, so that the node-loss test waits 4 s for it instead of 16.
@@ -107,10 +134,14 @@ def test_a_run_joins_with_one_actor_per_node_and_leaves_the_cluster_as_found(
     assert [n.split("/")[1] for n in record["nodes"]] == ["198.18.0.1", "198.18.0.2"]
   if IN_NAMESPACES:
     _check_listening_only_in_the_namespaces(cluster)
-  code, listed, err = _run(cluster, "-c", LIST_LEFTOVERS, timeout=120)
+  code, listed, err = _run(cluster, "-c", LIST_AFTER_THE_RUN, timeout=120)
   assert code == 0, err[-3000:]
   assert json.loads(listed) == {"actors": [], "placement_groups": [], "jobs": [],
                                 "nodes_alive": 2}
+  code, listed, err = _run(cluster, "-c", CLOSE_AND_LIST, timeout=120)
+  assert code == 0, err[-3000:]
+  assert json.loads(listed) == {"actors": [], "placement_groups": [], "jobs": [],
+                                "nodes_alive": 2, "nodes_held": 2}
 
 
 def _check_listening_only_in_the_namespaces(cluster):
@@ -134,6 +165,9 @@ def test_two_nodes_train_the_function_one_torch_device_trains(cluster, where):
                         "--mesh=batch:2", "--systems=torch,ray", "--steps=3")
   assert code == 0, out + err[-3000:]
   assert "parity: all 3 steps within tolerance" in out
+  rels = [float(line.split()[-1]) for line in out.splitlines()
+          if re.match(r"\s+\d+\s", line)]
+  assert len(rels) == 3 and rels[0] <= 1e-5 and max(rels) <= 1e-3
 
 
 @pytest.mark.parametrize("where", [WHERE])

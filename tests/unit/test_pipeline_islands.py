@@ -34,6 +34,14 @@ def test_a_ring_crosses_the_islands_on_k_edges():
   assert islands.analytic_link_bytes(1000, 3) == 4000  # 2(K-1) copies: one member each
 
 
+def test_a_ring_placed_anyhow_crosses_on_the_edges_between_islands():
+  """Ray's placement decides where each actor is: interleaved, every edge crosses."""
+  assert islands.ring_bytes_between(1000, ["a", "a", "b", "b"]) == 2 * 2 * 3 * 1000 // 4
+  assert islands.ring_bytes_between(1000, ["a", "b", "a", "b"]) == 4 * 2 * 3 * 1000 // 4
+  assert islands.ring_bytes_between(1000, ["a", "a"]) == 0  # packed on one node
+  assert islands.ring_bytes_between(1000, ["a"]) == 0
+
+
 @pytest.mark.parametrize("num_islands", [2, 4])
 def test_jax_pipeline_link_bytes_by_hand(num_islands):
   e = _experiment()

@@ -181,17 +181,18 @@ class _Namespaces(abc.ABC):
     self.remove()
 
   def remove(self) -> None:
-    """Deletes every namespace made (their links go with them); safe to repeat."""
-    existing = set(list_namespaces())
+    """Kills what still runs inside the namespaces and deletes them (their links go
+    with them): the reaper's own work, done now; safe to repeat."""
+    if self._reaper is not None:
+      self._reaper.stdin.close()  # the reaper kills, deletes, and exits
+      self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
+      self._reaper = None
+    existing = set(list_namespaces())  # left only where the reaper could not run
     for name in self.namespaces:
       if name in existing:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True,
                        timeout=COMMAND_TIMEOUT_S)
       shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-    if self._reaper is not None:
-      self._reaper.stdin.close()  # nothing left for it to do; it exits
-      self._reaper.wait(timeout=COMMAND_TIMEOUT_S)
-      self._reaper = None
 
 
 def _add_namespace(name: str) -> None:
@@ -394,12 +395,22 @@ def check_mesh(experiment, num_islands: int, parallelism=("data",),
 def ring_link_bytes(nbytes: int, members: int, num_islands: int) -> int:
   """Bytes a ring all-reduce of `nbytes` over `members` sends between islands, the
   members island-major in equal shares: K of the ring's edges cross (each island's
-  last member to the next island's first, the last island's back to the first) and
-  every edge carries 2(P-1)/P of the bytes (reduce-scatter, then all-gather). One
-  island: nothing crosses. Transport headers are not counted."""
+  last member to the next island's first, the last island's back to the first).
+  One island: nothing crosses."""
   if num_islands < 2:
     return 0
-  return 2 * num_islands * (members - 1) * nbytes // members
+  return ring_bytes_between(nbytes, [m * num_islands // members for m in range(members)])
+
+
+def ring_bytes_between(nbytes: int, member_islands: list) -> int:
+  """Bytes a ring all-reduce of `nbytes` sends between islands, member i (in ring
+  order) in island member_islands[i]: every edge between two islands carries
+  2(P-1)/P of the bytes (reduce-scatter, then all-gather). Transport headers are not
+  counted."""
+  members = len(member_islands)
+  crossing = sum(member_islands[i] != member_islands[(i + 1) % members]
+                 for i in range(members))
+  return 2 * crossing * (members - 1) * nbytes // members if members > 1 else 0
 
 
 def analytic_link_bytes(gradient_bytes: int, num_islands: int) -> int:

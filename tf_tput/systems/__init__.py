@@ -151,16 +151,16 @@ def distributions() -> dict:
   return out
 
 
-def named_in(command) -> str:
+def named_in(command, default: Optional[str] = DEFAULT) -> Optional[str]:
   """The --system value a tf_tput.train command line gives (absl's --system=X,
-  --system X, -system=X), else DEFAULT."""
+  --system X, -system=X), else `default`."""
   for i, arg in enumerate(command):
     for prefix in ("--system", "-system"):
       if arg.startswith(prefix + "="):
         return arg.split("=", 1)[1]
       if arg == prefix and i + 1 < len(command):
         return command[i + 1]
-  return DEFAULT
+  return default
 
 
 def options(*names: str) -> tuple:

@@ -61,18 +61,29 @@ def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
   serves on `listen_fd`, a socket already bound to host alone (torch's own listener
   would take every interface). Where host is loopback, gloo's and NCCL's sockets are
   pinned to the loopback interface too. The store waits join_timeout_s for every
-  rank; torch's error then says "timed out"."""
+  rank; torch's error then says "timed out". Elsewhere a pin to the loopback
+  interface (one the environment inherited) is dropped: peers on other hosts could
+  not reach it. The environment is as it was afterwards: the backend reads the
+  variable when the group forms, and this process's children must not inherit it."""
+  variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
+  saved, interface = os.environ.get(variable), loopback_interface()
   if host.startswith("127."):
-    interface = loopback_interface()
-    variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
-    if interface and variable not in os.environ:
+    if interface and saved is None:
       os.environ[variable] = interface
+  elif saved is not None and saved == interface:
+    del os.environ[variable]
   import torch.distributed as dist
-  store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
-                        timeout=datetime.timedelta(seconds=join_timeout_s),
-                        wait_for_workers=True, master_listen_fd=listen_fd)
-  dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                          timeout=COLLECTIVE_TIMEOUT)
+  try:
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=join_timeout_s),
+                          wait_for_workers=True, master_listen_fd=listen_fd)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=COLLECTIVE_TIMEOUT)
+  finally:
+    if saved is None:
+      os.environ.pop(variable, None)
+    else:
+      os.environ[variable] = saved
 
 
 def join_processes(dist, coordinator: str, num_processes: int, process_id: int,

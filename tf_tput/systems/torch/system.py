@@ -75,9 +75,10 @@ class TorchSystem:
         experiment, device=topology.handles.get("device", "cpu"),
         rank=topology.handles.get("rank", 0), world_size=topology.num_processes,
         compile=chosen_options().compile)
-    if topology.islands > 1:
+    if topology.islands > 1:  # tf_tput.launch: consecutive processes share an island
+      n, k = topology.num_processes, topology.islands
       trainer.analytic_link_bytes_per_step = torch_trainer.all_reduce_link_bytes(
-          experiment, topology.num_processes, topology.islands)
+          experiment, [rank * k // n for rank in range(n)])
     return trainer
 
 

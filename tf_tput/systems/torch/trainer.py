@@ -23,16 +23,16 @@ import numpy as np
 from tf_tput import models
 
 
-def all_reduce_link_bytes(experiment, members: int, num_islands: int) -> int:
-  """Bytes one step's all-reduce sends between islands: gloo's ring over `members`
-  ranks split island-major into the islands (tf_tput.launch puts consecutive ones
-  in one), its one buffer every gradient and the loss in float32 (_all_reduce).
-  With one rank per island that is runtime/islands.analytic_link_bytes; with more
-  the flat ring crosses each island boundary once per direction per chunk
-  (ring_link_bytes), which no hierarchical reduction here shortens."""
+def all_reduce_link_bytes(experiment, member_islands: list) -> int:
+  """Bytes one step's all-reduce sends between islands: gloo's ring over the ranks,
+  rank r in island member_islands[r], its one buffer every gradient and the loss in
+  float32 (_all_reduce). With one rank per island that is
+  runtime/islands.analytic_link_bytes; with more, the flat ring's edges between
+  islands each carry their share (ring_bytes_between), which no hierarchical
+  reduction here shortens."""
   from tf_tput.runtime import islands
   buffer = (models.num_params(experiment.model) + 1) * models.BYTES_PER_VARIABLE_ELEMENT
-  return islands.ring_link_bytes(buffer, members, num_islands)
+  return islands.ring_bytes_between(buffer, member_islands)
 
 
 class TorchTrainer:

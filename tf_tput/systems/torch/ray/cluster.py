@@ -31,7 +31,7 @@ OBJECT_STORE_BYTES = 80 << 20    # Ray's minimum is 75 MiB; batches and results 
 STOP_GRACE_S = 5.0               # after ray.shutdown, before SIGKILL to what is left
 
 # Read by Ray at import; "0" makes its node address loopback (see the docstring).
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+_LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                  "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -151,9 +151,9 @@ def join_group(rank: int, world_size: int, port: int, timeout_s: float,
 def loopback_env():
   """Ray's loopback mode for ray.init: its processes (started now) read the env."""
   from ray._private import ray_constants
-  saved_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+  saved_env = {k: os.environ.get(k) for k in _LOOPBACK_ENV}
   saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-  os.environ.update(LOOPBACK_ENV)
+  os.environ.update(_LOOPBACK_ENV)
   ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
   try:
     yield

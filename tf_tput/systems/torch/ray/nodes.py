@@ -169,23 +169,25 @@ class Nodes:
     started), then removes the temporary directory."""
     if not self.procs and self._dir is None:
       return
-    self._track()
-    for p in reversed(self.procs):
-      if p.poll() is None:
+    try:
+      self._track()
+      for p in reversed(self.procs):
+        if p.poll() is None:
+          try:
+            p.send_signal(signal.SIGTERM)  # `ray start` alone: it stops its processes
+          except ProcessLookupError:
+            pass
         try:
-          p.send_signal(signal.SIGTERM)  # `ray start` alone: it stops its processes
-        except ProcessLookupError:
+          p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
           pass
-      try:
-        p.wait(timeout=grace_s)
-      except subprocess.TimeoutExpired:
-        pass
-    processes.stop(self.procs, 0)  # SIGKILL to each node's group that is left
-    ray_cluster.stop_processes(self._started)
-    self.procs, self._started = [], []
-    if self._dir:
-      shutil.rmtree(self._dir, ignore_errors=True)
-      self._dir = None
+    finally:  # a second Ctrl-C included
+      processes.stop(self.procs, 0)  # SIGKILL to each node's group that is left
+      ray_cluster.stop_processes(self._started)
+      self.procs, self._started = [], []
+      if self._dir:
+        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = None
 
   def __enter__(self) -> "Nodes":
     return self
@@ -197,13 +199,13 @@ class Nodes:
 NODE_LOSS_GRACE_S = 60.0  # how long the driver gets to notice a lost node and record it
 
 
-def launch(command: list, num_nodes: int, cpus_per_node: int, timeout_s,
+def launch(command: list, num_nodes: int, cpus_per_node: int, grace_s: float, timeout_s,
            start_timeout_s: float, ports=None, network=None, chief_env=None) -> int:
   """Starts num_nodes Ray nodes (above), then `command` as their driver (RAY_ADDRESS
   names the head; in island 0 with the head), and returns its exit code. A node that
   dies while the command runs is named at once; the command then has
   NODE_LOSS_GRACE_S to record the failure. Ctrl-C / SIGTERM stop everything:
-  128 + signal. ports: --port's, the head's GCS on the first. chief_env adds
+  128 + signal; the driver, then each node, gets grace_s before SIGKILL. ports: --port's, the head's GCS on the first. chief_env adds
   variables to the driver's environment."""
   nodes = Nodes(num_nodes, cpus_per_node, network)
   env = dict(os.environ, **(chief_env or {}))
@@ -216,4 +218,4 @@ def launch(command: list, num_nodes: int, cpus_per_node: int, timeout_s,
 
   return processes.run_with_servers(nodes, "Ray nodes", num_nodes, start,
                                     nodes.exec_prefix(0) + list(command), env,
-                                    STOP_GRACE_S, timeout_s, NODE_LOSS_GRACE_S)
+                                    grace_s, timeout_s, NODE_LOSS_GRACE_S)

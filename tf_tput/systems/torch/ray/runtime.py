@@ -97,8 +97,8 @@ class RayRuntime:
     """tf_tput.launch --num_workers=N: N Ray nodes of devices_per_worker CPUs each,
     started with `ray start` (nodes.py), the command their driver."""
     from tf_tput.systems.torch.ray import nodes
-    del every_worker, grace_s  # one driver; nodes stop on their own terms
-    return nodes.launch(command, num_workers, devices_per_worker, timeout_s,
+    del every_worker  # one driver
+    return nodes.launch(command, num_workers, devices_per_worker, grace_s, timeout_s,
                         start_timeout_s, ports, network, chief_env)
 
 

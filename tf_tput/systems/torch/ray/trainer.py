@@ -155,8 +155,9 @@ class RayTrainer:
                    f"tcp://{host}:{port})")
       built = [a.build.remote(experiment, replica, options) for a in self._actors]
       self.num_params = self._gather(built, "building the torch trainers")[0]
-      if topology.islands > 1:
-        self.analytic_link_bytes_per_step = link_bytes(experiment, count, topology.islands)
+      if topology.islands > 1:  # one Ray node per island (tf_tput.launch)
+        self.analytic_link_bytes_per_step = link_bytes(
+            experiment, self._node_ids, ray.get_runtime_context().get_node_id())
     except BaseException:
       self.close()
       raise
@@ -211,11 +212,15 @@ class RayTrainer:
     failures = [(rank, e) for rank, e in failures if e is not None]
     dead = [(rank, e) for rank, e in failures
             if isinstance(e, ray.exceptions.RayActorError)]
-    # An actor Ray cannot reach, or one that never answers, may be on a lost node.
-    unreachable = any(isinstance(e, ray.exceptions.ActorUnavailableError)
-                      for _, e in dead)
-    pending = len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)
-    lost = self._lost_nodes(wait=unreachable or (pending and not dead))
+    # An actor Ray cannot reach, or one that never answers (none having died), may be
+    # on a lost node, which Ray declares dead only later: worth waiting for where
+    # that node is not the driver's own (a private cluster's only node).
+    done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+    silent = [rank for rank, e in dead if isinstance(e, ray.exceptions.ActorUnavailableError)]
+    silent += [rank for rank, ref in enumerate(refs) if ref not in done and not dead]
+    here = ray.get_runtime_context().get_node_id()
+    lost = self._lost_nodes(wait=any(self._node_ids[rank] != here for rank in silent
+                                     if rank < len(self._node_ids)))
     text = "; ".join([f"Ray node {name} died" for name in lost] + [
         f"ray actor {rank} ({self._actor(rank)}) {_fate(e)}: {_short(e)}"
         for rank, e in (dead or failures)])
@@ -254,17 +259,17 @@ class RayTrainer:
     return None
 
 
-def link_bytes(experiment, actors: int, num_islands: int) -> int:
-  """Bytes a step sends between islands, one Ray node per island: the actors'
-  all-reduce (torch/trainer.py) and the global batch, pulled once by each island but
-  the driver's. The ring's count assumes ranks island-major; with more actors than
-  islands SPREAD may interleave them, and then more crosses than this says."""
+def link_bytes(experiment, actor_nodes: list, driver_node: str) -> int:
+  """Bytes a step sends between islands, one Ray node per island, actor r on node
+  actor_nodes[r] (where the placement group put it): the actors' all-reduce ring
+  (torch/trainer.py), and the global batch, pulled once by each node that holds an
+  actor but is not the driver's."""
   from tf_tput.systems.torch import trainer as torch_trainer
   lengths = data.lengths_of(experiment)
   batch = experiment.train.global_batch * data.TOKEN_BYTES * sum(
       lengths[k] for k in data.features_of(experiment))
-  return (torch_trainer.all_reduce_link_bytes(experiment, actors, num_islands)
-          + batch * (num_islands - 1))
+  return (torch_trainer.all_reduce_link_bytes(experiment, actor_nodes)
+          + batch * len(set(actor_nodes) - {driver_node}))
 
 
 def _fate(error) -> str:
