@@ -65,9 +65,10 @@ ALONE_FILES = {"test_micro_tf.py"}
 # (one subprocess run for all cases). Under xdist each worker that gets one of their
 # tests builds the fixture again (1-2 minutes each), so each file runs in one worker.
 # test_jax_model.py and test_tf2_model.py share their mtf training runs the same way,
-# through an lru_cache.
+# through an lru_cache; test_ray_nodes.py its two-node Ray cluster.
 SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
-                        "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py"}
+                        "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py",
+                        "test_ray_nodes.py"}
 
 
 def pytest_ignore_collect(collection_path, config):
