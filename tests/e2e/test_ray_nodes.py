@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -40,41 +39,34 @@ if not IN_NAMESPACES:
 WHERE = "in_two_namespaces" if IN_NAMESPACES else "on_loopback_without_root"
 TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=t5_tiny",
               "--gin_param=MeshConfig.mesh_shape='batch:2'", "--warmup_steps=1"]
-# What a run left on the cluster: listed by a driver that closes its trainer but stays
-# connected, so that what close() removed is what counts (Ray removes an ended job's
-# actors and groups itself), after the train run, whose job must have ended.
-CLOSE_AND_LIST = """
-import json, ray
+# Parity over the cluster (tf_tput.parity's comparison: torch on one device against 2
+# actors, from the same weights), then what the run left on the cluster, listed while
+# this driver stays connected (its close() must remove its actors and placement group;
+# once a job ends Ray removes them itself), and the jobs still running.
+PARITY_THEN_LEFTOVERS = """
+import json, time, ray
 from ray._private import state
-
-def leftovers(job=None):
-  me = ray.get_runtime_context().get_job_id()
-  return {
+from tf_tput import config, parity, systems
+from tf_tput.systems.torch.ray import cluster
+cluster.Cluster.stop = lambda self: None  # stay connected after close()
+experiment = config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2.gin"],
+                                    [], systems.options("torch", "ray"))
+rows = parity.compare(parity.parse_sides(["torch", "ray"], experiment), 2, 3)
+me = ray.get_runtime_context().get_job_id()
+for _ in range(50):  # ray.kill is asynchronous
+  left = {
       "actors": [a["ActorID"] for a in state.actors().values()
-                 if a["State"] != "DEAD" and (job is None or a["JobID"] == job)],
+                 if a["State"] != "DEAD" and a["JobID"] == me],
       "placement_groups": [g for g, info in ray.util.placement_group_table().items()
                            if info["state"] != "REMOVED"],
       "jobs": [j["JobID"] for j in state.jobs() if not j["IsDead"] and j["JobID"] != me],
       "nodes_alive": sum(n["Alive"] for n in ray.nodes())}
-
-import time
-from tf_tput import config, data, systems
-ray_system = systems.load("ray")
-experiment = config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2.gin"], [],
-                                    systems.options("ray"))
-topology = ray_system.runtime.resolve(2)
-trainer = ray_system.build(experiment, topology)
-trainer.step(next(data.batches(experiment)))
-topology.handles["cluster"].stop = lambda: None  # stay connected: the job lives on
-trainer.close()
-job = ray.get_runtime_context().get_job_id()
-for _ in range(50):  # ray.kill is asynchronous
-  left = leftovers(job)
   if not left["actors"] and not left["placement_groups"]:
     break
   time.sleep(0.1)
-print(json.dumps(dict(left, nodes_held=len(trainer.nodes))))
+print(json.dumps({"relative_differences": [row[2][1] for row in rows], **left}))
 """
+
 
 # Ray's GCS declares a node dead after 5 health checks 3 s apart fail; here after 3
 # a second apart, so that the node-loss test waits 4 s for it instead of 16.
@@ -118,7 +110,7 @@ def _run(cluster, *args, timeout=300) -> tuple:
 
 
 @pytest.mark.parametrize("where", [WHERE])
-def test_a_run_joins_with_one_actor_per_node_and_leaves_the_cluster_as_found(
+def test_a_run_joins_with_one_actor_per_node_and_appends_one_record(
     cluster, tmp_path, where):
   out = tmp_path / "runs.jsonl"
   code, _, err = _run(cluster, "-m", "tf_tput.train", *TWO_ACTORS, "--steps=2",
@@ -131,10 +123,6 @@ def test_a_run_joins_with_one_actor_per_node_and_leaves_the_cluster_as_found(
     assert [n.split("/")[1] for n in record["nodes"]] == ["198.18.0.1", "198.18.0.2"]
   if IN_NAMESPACES:
     _check_listening_only_in_the_namespaces(cluster)
-  code, listed, err = _run(cluster, "-c", CLOSE_AND_LIST, timeout=120)
-  assert code == 0, err[-3000:]
-  assert json.loads(listed) == {"actors": [], "placement_groups": [], "jobs": [],
-                                "nodes_alive": 2, "nodes_held": 2}
 
 
 def _check_listening_only_in_the_namespaces(cluster):
@@ -153,14 +141,15 @@ def _check_listening_only_in_the_namespaces(cluster):
 
 
 @pytest.mark.parametrize("where", [WHERE])
-def test_two_nodes_train_the_function_one_torch_device_trains(cluster, where):
-  code, out, err = _run(cluster, "-m", "tf_tput.parity", "--gin_file=t5_tiny",
-                        "--mesh=batch:2", "--systems=torch,ray", "--steps=3")
-  assert code == 0, out + err[-3000:]
-  assert "parity: all 3 steps within tolerance" in out
-  rels = [float(line.split()[-1]) for line in out.splitlines()
-          if re.match(r"\s+\d+\s", line)]
-  assert len(rels) == 3 and rels[0] <= 1e-5 and max(rels) <= 1e-3
+def test_two_nodes_train_what_one_torch_device_trains_and_leave_nothing_behind(cluster,
+                                                                              where):
+  """After the run above: its job, too, must be over."""
+  code, out, err = _run(cluster, "-c", PARITY_THEN_LEFTOVERS, timeout=200)
+  assert code == 0, err[-3000:]
+  found = json.loads(out.splitlines()[-1])
+  rels = found.pop("relative_differences")
+  assert len(rels) == 3 and rels[0] <= 1e-5 and max(rels) <= 1e-3, rels
+  assert found == {"actors": [], "placement_groups": [], "jobs": [], "nodes_alive": 2}
 
 
 @pytest.mark.parametrize("where", [WHERE])
