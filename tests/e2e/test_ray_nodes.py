@@ -1,7 +1,9 @@
 """--system=ray on a Ray cluster of two nodes that was started as a user starts one,
 with Ray's own CLI (`ray start --head`, `ray start --address=...`: systems/torch/ray/
 nodes.py), and joined through RAY_ADDRESS: one actor per node, torch's arithmetic, the
-cluster left as it was found, and a node lost mid-run named in the record.
+cluster left as it was found, and a node lost mid-run named in the record. A run that
+ends well on such a cluster (tf_tput.launch's, one node per island) is
+tests/e2e/test_islands_cli.py's.
 
 As root each node runs in a network namespace of its own, the two joined by a veth
 link (runtime/islands.py), so the nodes talk over a link and not over loopback, and
@@ -109,22 +111,6 @@ def _run(cluster, *args, timeout=300) -> tuple:
   return proc.returncode, out, err
 
 
-@pytest.mark.parametrize("where", [WHERE])
-def test_a_run_joins_with_one_actor_per_node_and_appends_one_record(
-    cluster, tmp_path, where):
-  out = tmp_path / "runs.jsonl"
-  code, _, err = _run(cluster, "-m", "tf_tput.train", *TWO_ACTORS, "--steps=2",
-                      f"--results={out}")
-  assert code == 0, err[-3000:]
-  [record] = results.read(str(out))[0]
-  assert record["status"] == "ok" and record["num_devices"] == 2
-  assert record["num_nodes"] == 2, record["nodes"]
-  if IN_NAMESPACES:  # each node at its island's address
-    assert [n.split("/")[1] for n in record["nodes"]] == ["198.18.0.1", "198.18.0.2"]
-  if IN_NAMESPACES:
-    _check_listening_only_in_the_namespaces(cluster)
-
-
 def _check_listening_only_in_the_namespaces(cluster):
   """Ray's servers listen on every interface, of their namespaces only: this
   machine's socket table (psutil reads the caller's namespace) holds none of theirs,
@@ -143,7 +129,8 @@ def _check_listening_only_in_the_namespaces(cluster):
 @pytest.mark.parametrize("where", [WHERE])
 def test_two_nodes_train_what_one_torch_device_trains_and_leave_nothing_behind(cluster,
                                                                               where):
-  """After the run above: its job, too, must be over."""
+  if IN_NAMESPACES:
+    _check_listening_only_in_the_namespaces(cluster)
   code, out, err = _run(cluster, "-c", PARITY_THEN_LEFTOVERS, timeout=200)
   assert code == 0, err[-3000:]
   found = json.loads(out.splitlines()[-1])
@@ -171,8 +158,9 @@ def test_a_node_that_dies_is_named_in_the_record_within_60_s(cluster, tmp_path, 
   finally:
     proc.kill()
   assert proc.returncode == 1 and took < 60, (took, err[-3000:])
-  [record] = results.read(str(out))[0]
+  [record] = results.read(str(out))[0]  # one record, of a run over both nodes
   assert record["status"] == "failed" and len(record["losses"]) >= 3
+  assert record["num_nodes"] == 2 and record["num_devices"] == 2
   node = next(n for n in record["nodes"] if n.split("/")[2] in record["error"])
   assert f"Ray node {node} died" in record["error"], record["error"]
   if IN_NAMESPACES:
