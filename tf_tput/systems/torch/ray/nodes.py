@@ -72,7 +72,7 @@ class Nodes:
 
   def env(self) -> dict:
     """What every process of the cluster, the driver too, needs in its environment:
-    the cluster's own token, and on loopback Ray's loopback setting."""
+    the cluster's own token (and no usage reports sent anywhere)."""
     token = os.path.join(self._dir, "auth_token")
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
             "RAY_USAGE_STATS_ENABLED": "0"}
