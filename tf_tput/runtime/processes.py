@@ -224,6 +224,37 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     time.sleep(POLL_S)
 
 
+def read_log(path) -> str:
+  """A child's log file so far; "" before it exists."""
+  try:
+    with open(path, "rb") as f:
+      return f.read().decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def wait_for_marker(servers, logs: dict, marker: str, deadline: float, late,
+                    interrupted=lambda: False) -> None:
+  """Returns once every log of `logs` ({server index: its log file}) holds `marker`
+  (what a server prints once it serves). RuntimeError naming the first of `servers`
+  (exited(), describe(): watch_command's) to exit; at time.monotonic() `deadline`,
+  TimeoutError(late(the indices still waiting)); KeyboardInterrupt once
+  interrupted() says so."""
+  waiting = set(logs)
+  while True:
+    if interrupted():
+      raise KeyboardInterrupt
+    exited = servers.exited()
+    if exited:
+      raise RuntimeError(servers.describe(exited[0]))
+    waiting = {i for i in waiting if marker not in read_log(logs[i])}
+    if not waiting:
+      return
+    if time.monotonic() >= deadline:
+      raise TimeoutError(late(sorted(waiting)))
+    time.sleep(POLL_S / 4)
+
+
 def run_with_servers(servers, noun: str, count: int, start, command: list, env: dict,
                      grace_s: float, timeout_s, loss_grace_s: float) -> int:
   """Starts `count` servers (TF workers, Ray nodes: `noun`), then `command` with `env`

@@ -27,7 +27,6 @@ from tf_tput.systems.tensorflow import cluster
 from tf_tput.systems.tensorflow.server import READY_MARKER
 
 SERVER_MODULE = "tf_tput.systems.tensorflow.server"
-POLL_S = 0.05
 WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
 UNBOUNDED_LIFETIME_S = 7 * 24 * 3600.0  # workers still exit with their launcher
 LOG_TAIL_LINES = 10
@@ -115,20 +114,11 @@ class WorkerProcesses:
                          interrupted=lambda: False) -> None:
     """Returns once every worker serves; RuntimeError when one dies, TimeoutError at
     the deadline (its message ends with timeout_text), KeyboardInterrupt when asked."""
-    waiting = set(range(len(self.addresses)))
-    while True:
-      if interrupted():
-        raise KeyboardInterrupt
-      exited = self.exited()
-      if exited:
-        raise RuntimeError(self.describe(exited[0]))
-      waiting = {task for task in waiting if READY_MARKER not in self._log(task)}
-      if not waiting:
-        return
-      if time.monotonic() >= deadline:
-        names = ", ".join(f"{t} ({self.addresses[t]})" for t in sorted(waiting))
-        raise TimeoutError(f"worker(s) {names} were not serving within {timeout_text}")
-      time.sleep(POLL_S)
+    processes.wait_for_marker(
+        self, {task: self._log_path(task) for task in range(len(self.addresses))},
+        READY_MARKER, deadline, lambda waiting: "worker(s) " + ", ".join(
+            f"{t} ({self.addresses[t]})" for t in waiting) + " were not serving within "
+        + timeout_text, interrupted)
 
   def exited(self) -> list:
     """(task, exit code) of each worker that is no longer running."""
@@ -140,13 +130,6 @@ class WorkerProcesses:
                               "(nothing but TF start-up notices)")
     return (f"worker {task} (pid {self.procs[task].pid}, {self.addresses[task]}) "
             f"{processes.how(code)}; its log ends: {tail}")
-
-  def _log(self, task: int) -> str:
-    try:
-      with open(self._log_path(task), "rb") as f:
-        return f.read().decode(errors="replace")
-    except OSError:
-      return ""
 
   def stop(self, grace_s: float) -> None:
     """SIGTERM to every worker's process group, SIGKILL to any left after the grace."""

@@ -35,7 +35,6 @@ from tf_tput.systems.torch.ray import cluster as ray_cluster
 
 HEAD_PORT = 6379            # the GCS's port inside an island (a fresh namespace)
 READY_MARKER = "Ray runtime started"  # what `ray start` prints once its node is up
-POLL_S = 0.1
 STOP_GRACE_S = 10.0         # for a node's `ray start` to stop what it started
 LOG_TAIL_LINES = 6
 
@@ -115,26 +114,11 @@ class Nodes:
                                         stderr=subprocess.STDOUT))
 
   def _wait(self, indices, deadline: float, timeout_s: float, interrupted) -> None:
-    waiting = set(indices)
-    while waiting:
-      if interrupted():
-        raise KeyboardInterrupt
-      exited = self.exited()
-      if exited:
-        raise RuntimeError(self.describe(exited[0]))
-      waiting = {i for i in waiting if READY_MARKER not in self._log(i)}
-      if waiting and time.monotonic() > deadline:
-        raise TimeoutError(f"Ray node(s) {', '.join(map(str, sorted(waiting)))} were not "
-                           f"up within --start_timeout_s={timeout_s:g}")
-      time.sleep(POLL_S)
+    processes.wait_for_marker(
+        self, {i: self.log_path(i) for i in indices}, READY_MARKER, deadline,
+        lambda waiting: f"Ray node(s) {', '.join(map(str, waiting))} were not up "
+        f"within --start_timeout_s={timeout_s:g}", interrupted)
     self._track()
-
-  def _log(self, index: int) -> str:
-    try:
-      with open(self.log_path(index), "rb") as f:
-        return f.read().decode(errors="replace")
-    except OSError:
-      return ""
 
   def exited(self) -> list:
     """(index, exit code) of each node whose `ray start` is no longer running."""
