@@ -1,6 +1,6 @@
 """--system=tf2 under MirroredStrategy: two replicas on two virtual CPUs train what mtf
-and jax train on the same mesh, and a model axis is refused in one line before TF
-starts. (On one device tf2 and jax each train what mtf trains, in-process:
+and jax train on the same mesh (and torch on one device, in the same parity run), and
+a model axis is refused in one line before TF starts. (On one device tf2 and jax each train what mtf trains, in-process:
 tests/unit/test_tf2_model.py and tests/unit/test_jax_model.py.)
 
 Virtual CPU devices can be configured once per process, so each case is a subprocess.
@@ -8,6 +8,7 @@ Virtual CPU devices can be configured once per process, so each case is a subpro
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -28,8 +29,15 @@ def _parity(*args: str) -> str:
   return done.stdout
 
 
-def test_two_replicas_match_mtf_and_jax_on_the_same_mesh():
-  assert "mesh batch:2" in _parity("--mesh=batch:2", "--systems=mtf,tf2,jax")
+def test_two_replicas_and_torch_match_mtf_and_jax_on_the_same_mesh():
+  """torch too, on one device (one per process), in the same run: one TF start and
+  one mtf build for both comparisons with the TF baseline."""
+  out = _parity("--mesh=batch:2", "--systems=mtf,tf2,jax,torch")
+  assert "mesh batch:2" in out
+  rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d+\s", line)]
+  assert len(rows) == 10 and all(len(row) == 1 + 4 + 3 for row in rows)
+  torch_rel = [float(row[7]) for row in rows]  # step, 4 losses, rel tf2, jax, torch
+  assert torch_rel[0] < 1e-5 and max(torch_rel) < 1e-3
 
 
 def test_model_axis_is_one_line_error_before_tf_starts(tmp_path):
