@@ -113,18 +113,21 @@ def test_a_stopped_launcher_leaves_no_namespace(sig):
 
 
 def test_jax_trains_across_two_islands_and_counts_the_bytes_between_them(tmp_path):
-  """2 islands x 2 processes x 1 device: the gradient is reduced within each island,
-  one copy per island crosses, and the links' counters agree with the analytic bytes."""
+  """2 islands x 1 process x 2 devices: the gradient is reduced within each island,
+  one copy per island crosses, and the links' counters agree with the analytic bytes.
+  jax.devices() lists the processes' devices process-major, so each process's two are
+  its island's row; the same reduction on 2 x 2 devices of one process is
+  tests/unit/test_jax_islands.py's."""
   out = tmp_path / "runs.jsonl"
-  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_processes=4",
+  proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", "--num_processes=2",
                  "--", sys.executable, "-m", "tf_tput.train", "--system=jax",
                  "--gin_file=gin/models/decoder_tiny.gin",
-                 "--gin_param=MeshConfig.mesh_shape = 'batch:4'", "--num_cpu_devices=1",
+                 "--gin_param=MeshConfig.mesh_shape = 'batch:4'", "--num_cpu_devices=2",
                  "--steps=4", "--warmup_steps=1", f"--results={out}", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = json.loads(out.read_text())
   results.validate(record)
-  assert record["status"] == "ok" and record["num_processes"] == 4
+  assert record["status"] == "ok" and record["num_processes"] == 2
   assert (record["islands"], record["devices_per_island"], record["dcn_rate"]) == (
       2, 2, "1gbit")
   _check_two_island_nodes(record)
