@@ -152,6 +152,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "num_params": outcome.num_params, "mesh_shape": experiment.mesh.mesh_shape,
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
       "num_processes": topology.num_processes,
+      **_launch_fields(),
       **build.node_fields(outcome.nodes or topology.nodes),  # the trainer's, else resolve's
       "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
@@ -171,6 +172,12 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
   }, topology.describe(), systems.distributions(),
       status="failed" if measurement.error else "ok",
       error=measurement.error, run_id=run_id, started_at=started_at)
+
+
+def _launch_fields() -> dict:
+  """How the run was started (runtime/launchers.py): its launcher and job."""
+  launch = topology_lib.launched()
+  return {"launcher": launch.launcher, "job_id": launch.job_id}
 
 
 def _summary_lines(record: dict, path: str, line: int) -> list:
@@ -372,6 +379,8 @@ def _checked_request():
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
                     num_processes=num_processes)
+  if _serves(systems.load(FLAGS.system)):  # a worker server: no record, no peak
+    return experiment, tpu_address, [], None
   _check_host_memory(experiment)
   writes_record = process_id == 0
   malformed = results.check_appendable(FLAGS.results) if writes_record else []
@@ -391,14 +400,29 @@ def _checked_request():
   return experiment, tpu_address, malformed, cache_dir
 
 
+def _serves(system) -> bool:
+  """Whether this process serves as a worker of a chief that drives it: one of
+  several a launcher started (srun, a TF_CONFIG job), not process 0, for a system
+  whose one process drives worker servers (mtf --strategy=multi_worker)."""
+  return (FLAGS.strategy == "multi_worker" and not system.every_worker
+          and hasattr(system.runtime, "serve_worker")
+          and topology_lib.launched_processes()[1] > 0)
+
+
 def _check_processes(system) -> None:
-  """The processes tf_tput.launch started, against what the system runs as."""
-  num_processes, _ = topology_lib.launched_processes()
-  if num_processes > 1 and not system.multi_process:
+  """The processes their launcher started, against what the system runs as."""
+  launch = topology_lib.launched()
+  num_processes = launch.num_processes
+  drives_servers = (FLAGS.strategy == "multi_worker" and not system.every_worker
+                    and hasattr(system.runtime, "serve_worker")
+                    and launch.launcher != "tf_tput.launch")
+  if num_processes > 1 and not system.multi_process and not drives_servers:
     raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
-                     "controller), not under tf_tput.launch --num_processes; for a "
-                     "cluster use tf_tput.launch --num_workers=N -- ... "
-                     "--strategy=multi_worker")
+                     f"controller), not as {num_processes} processes of {launch.launcher}; "
+                     "for a cluster use tf_tput.launch --num_workers=N -- ... "
+                     "--strategy=multi_worker" + (
+                         ", or srun with --strategy=multi_worker (task 0 drives the "
+                         "others)" if hasattr(system.runtime, "serve_worker") else ""))
   if num_processes > 1 and system.every_worker and FLAGS.strategy != "multi_worker":
     raise UsageError(f"--system={FLAGS.system} runs as several processes only as the "
                      "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")
@@ -528,8 +552,12 @@ def run() -> int:
   if FLAGS.keep_freed_memory:  # before any framework allocates
     host_memory.keep_freed_memory()
   experiment, tpu_address, malformed, cache_dir = _checked_request()
-  run_key = _run_key()
   system = systems.load(FLAGS.system)
+  if _serves(system):
+    logging.info("process %d of %s serves the chief", topology_lib.launched_processes()[1],
+                 topology_lib.launched().launcher)
+    return system.runtime.serve_worker(FLAGS.cluster_timeout_s)
+  run_key = _run_key()
   writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
   started_at, run_id = build.utc_now(), build.new_run_id()
   t = experiment.train

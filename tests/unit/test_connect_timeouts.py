@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tf_tput.runtime import processes
+from tf_tput.runtime import launchers, processes
 from tf_tput.runtime.tpu import TpuAddress
 from tf_tput.systems.jax import runtime as jax_runtime
 from tf_tput.systems.tensorflow import tpu as tf_tpu
@@ -55,7 +55,7 @@ def test_a_jax_coordinator_that_never_gathers_everyone_times_out_naming_it_and_t
   jax = _FakeJax()
   start = time.monotonic()
   with pytest.raises(TimeoutError) as raised:
-    jax_runtime.join_processes(jax, "127.0.0.1:1234", 2, 1, 0.5)
+    jax_runtime.join_processes(jax, _launch("127.0.0.1:1234", 2, 1), 0.5)
   jax.released.set()
   assert 0.5 <= time.monotonic() - start < 5
   assert ("process 1: the JAX coordinator at 127.0.0.1:1234 did not gather all 2 "
@@ -66,8 +66,22 @@ def test_a_jax_coordinator_that_never_gathers_everyone_times_out_naming_it_and_t
 
 def test_a_jax_initialize_that_fails_fails_in_the_caller():
   with pytest.raises(ConnectionError, match="refused"):
-    jax_runtime.join_processes(_FakeJax(ConnectionError("refused")), "127.0.0.1:1", 2, 0,
-                               5)
+    jax_runtime.join_processes(_FakeJax(ConnectionError("refused")),
+                               _launch("127.0.0.1:1", 2, 0), 5)
+
+
+def test_jax_joins_slurm_and_mpirun_processes_by_its_own_detection():
+  for launcher, method in (("slurm", "slurm"), ("mpirun", "ompi")):
+    jax = _FakeJax(ConnectionError("refused"))
+    with pytest.raises(ConnectionError):
+      jax_runtime.join_processes(jax, launchers.Launch(launcher, 2, 0, coordinator="h:1"), 5)
+    assert jax.kwargs["cluster_detection_method"] == method
+    assert "coordinator_address" not in jax.kwargs
+
+
+def _launch(coordinator, num_processes, process_id):
+  return launchers.Launch("tf_tput.launch", num_processes, process_id,
+                          coordinator=coordinator)
 
 
 def test_a_ray_wait_past_the_deadline_names_where_and_the_flag():

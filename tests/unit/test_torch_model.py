@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from tf_tput import config, data, models, systems  # noqa: E402
 from tf_tput.errors import UsageError  # noqa: E402
+from tf_tput.runtime import launchers  # noqa: E402
 from tf_tput.systems.torch import runtime as torch_runtime  # noqa: E402
 from tf_tput.systems.torch import system as torch_system, model as torch_model  # noqa: E402
 from tf_tput.systems.torch.trainer import TorchTrainer  # noqa: E402
@@ -210,6 +211,8 @@ def test_a_process_that_never_joins_times_out_naming_the_coordinator():
     port = probe.getsockname()[1]
   coordinator = f"127.0.0.1:{port}"
   with pytest.raises(TimeoutError, match="--cluster_timeout_s=1") as raised:
-    torch_runtime.join_processes(dist, coordinator, 2, 0, "gloo", timeout_s=1.0)
+    torch_runtime.join_processes(
+        dist, launchers.Launch("tf_tput.launch", 2, 0, coordinator=coordinator), "gloo",
+        timeout_s=1.0)
   assert coordinator in str(raised.value)
   assert not dist.is_initialized()

@@ -27,6 +27,9 @@ FIELDS = {
     "schema": str, "run_id": str, "started_at": str, "status": str, "error": _OPT_STR,
     "system": str, "strategy": str, "model": str, "arch": str, "num_params": int,
     "mesh_shape": str, "layout": str, "num_devices": int, "num_processes": int,
+    # How it was started (runtime/launchers.py): tf_tput.launch, torchrun, slurm,
+    # mpirun, tf_config, or None (by hand); the launcher's job id where it has one.
+    "launcher": _OPT_STR, "job_id": _OPT_STR,
     # Where it ran: the distinct nodes its workers (the processes holding its devices)
     # ran on, sorted (docs/records.md says how each runtime names them), and how many;
     # [] and 0 where the devices never resolved.
@@ -101,7 +104,7 @@ LATER_FIELDS = {
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
              "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
              "warmup_s", "compilation_cache", "variant", "caveat", "nodes",
-             "num_nodes"),
+             "num_nodes", "launcher", "job_id"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

@@ -54,7 +54,8 @@ def _label(key: tuple, schema: str) -> str:
     lengths = (f"{k['inputs_length']}/{k['targets_length']}" if k["inputs_length"]
                else f"{k['targets_length']}")
     return (f"{k['model']} {k['system']} {tables.dtype_label(k)} mesh {k['mesh_shape']} "
-            f"({k['num_devices']} dev, {k['num_processes']} proc, {k['strategy']}) "
+            f"({k['num_devices']} dev, {k['num_processes']} proc, {k['strategy']}"
+            + (f", {k['launcher']}" if k["launcher"] else "") + ") "
             f"batch {k['global_batch']} len {lengths}")
   system, mode, hosts, per_host, chain, computations, matmul_n = key
   return (f"micro {system} {mode} {hosts} host(s) x {per_host}, chain {chain}, "

@@ -121,7 +121,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
   spread = ("-" if st["median"] is None else
             f"{st['p10']:.3f} / {st['median']:.3f} / {st['p90']:.3f}")
   return (r["model"], r["system"], dtype_label(r), r["mesh_shape"], str(r["num_devices"]),
-          str(r["num_processes"]),
+          launched_as(r, "num_processes"),
           "-" if r["tokens_per_sec"] is None else f"{r['tokens_per_sec']:,.0f}",
           _ratio(r, baselines), spread,
           "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
@@ -178,9 +178,10 @@ def peak_lines(records: list) -> list:
 # Grouping and spread, shared by report.md, the plots and --compare.
 
 def row_key(r: dict) -> tuple:
-  """One row of the Table-1 table: the configuration, run the same way (processes
-  and strategy: a multi-process run of a system is not its local run)."""
-  return config_key(r) + (r["num_processes"], r["strategy"])
+  """One row of the Table-1 table: the configuration, run the same way (processes,
+  strategy and launcher: a multi-process run of a system is not its local run, nor
+  one under srun one under torchrun)."""
+  return config_key(r) + (r["num_processes"], r["strategy"], r.get("launcher"))
 
 
 def train_key(r: dict) -> tuple:
@@ -189,7 +190,14 @@ def train_key(r: dict) -> tuple:
 
 
 # The record fields train_key's values come from, in its order.
-TRAIN_KEY_FIELDS = CONFIG_KEYS + ("num_processes", "strategy", "system")
+TRAIN_KEY_FIELDS = CONFIG_KEYS + ("num_processes", "strategy", "launcher", "system")
+
+
+def launched_as(r: dict, field: str) -> str:
+  """A record's `field` (its process count, its strategy) with the launcher that
+  started it, where one did: "2 (slurm)"."""
+  launcher = r.get("launcher")
+  return f"{r[field]}" + (f" ({launcher})" if launcher else "")
 
 
 def group(records: list, key) -> dict:
@@ -296,7 +304,7 @@ def table1(records: list) -> tuple:
   for runs in group(records, row_key).values():
     first = runs[0]
     config = [first["model"], f"{first['num_params'] / 1e6:,.1f}M", dtype_label(first),
-              str(first["num_devices"]), first["mesh_shape"], first["strategy"],
+              str(first["num_devices"]), first["mesh_shape"], launched_as(first, "strategy"),
               str(first["global_batch"])]
     pub = published.table_row(first)
     pub_cells = ([f"{f'{pub[2]:,}' if pub[2] else '–'} / {pub[3]:,} ({pub[1]})",

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 
-# Set for each process launch() starts; tf_tput.runtime.topology reads them.
+# Set for each process launch() starts, and for the command run_with_servers() drives
+# the servers with; tf_tput.runtime.launchers reads them.
 COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
 NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
 PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
@@ -267,7 +268,9 @@ def run_with_servers(servers, noun: str, count: int, start, command: list, env: 
   with recording_signals() as interrupted:
     try:
       served = start(lambda: bool(interrupted)) or {}
-      driver.append(popen(command, env=dict(env, **served)))
+      # The driver is one process tf_tput.launch started (runtime/launchers.py).
+      driver.append(popen(command, env=dict(env, **served, **{NUM_PROCESSES_ENV: "1",
+                                                               PROCESS_ID_ENV: "0"})))
       return watch_command(driver[0], servers, f"the {noun}", timeout_s, interrupted,
                            loss_grace_s)
     except (RuntimeError, TimeoutError) as e:

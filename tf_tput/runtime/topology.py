@@ -1,18 +1,20 @@
 """Which devices a run uses: the Topology a system's framework runtime resolves
 (tf_tput/systems/<framework>/runtime.py) once, before any model is built, and what
-tf_tput.launch told this process. Strategies (--strategy; a System lists those it runs under):
+what the process's launcher told it (launchers.py). Strategies (--strategy; a System lists those it runs under):
   local         this process's devices: `--num_cpu_devices=N` virtual CPU devices
                 (they share the host's cores), else the accelerators the framework
-                finds, else the CPU; under `tf_tput.launch --num_processes` each
+                finds, else the CPU; under a launcher of several processes
+                (tf_tput.launch --num_processes, torchrun, srun, mpirun) each
                 process's, joined into one run ("multi_process").
-  multi_worker  the worker servers of a cluster (`tf_tput.launch --num_workers`).
+  multi_worker  the worker servers of a cluster (`tf_tput.launch --num_workers`, a
+                TF_CONFIG, the tasks of a Slurm job step).
   tpu           a Cloud TPU named by --tpu.
 """
 
 import dataclasses
 import os
 
-from tf_tput.runtime import islands, processes
+from tf_tput.runtime import islands, launchers
 
 STRATEGIES = ("local", "multi_worker", "tpu")
 
@@ -52,10 +54,15 @@ class Topology:
              "count": self.num_devices}]
 
 
+def launched() -> launchers.Launch:
+  """Who started this process (runtime/launchers.py): its launcher, rank, world size."""
+  return launchers.detect(os.environ)
+
+
 def launched_processes() -> tuple:
-  """(number of processes, this process's index) as tf_tput.launch set them; (1, 0) alone."""
-  return (int(os.environ.get(processes.NUM_PROCESSES_ENV, "1")),
-          int(os.environ.get(processes.PROCESS_ID_ENV, "0")))
+  """(number of processes, this process's index) as its launcher set them; (1, 0) alone."""
+  launch = launched()
+  return launch.num_processes, launch.process_id
 
 
 def launched_islands() -> int:

@@ -3,9 +3,12 @@ the barrier, for every system built on JAX.
 
 Devices: `--num_cpu_devices=N` splits the host CPU into N virtual devices (they share
 its cores); otherwise JAX's own (GPUs, a TPU host's chips, else the CPU). A process
-started by `tf_tput.launch --num_processes` joins the others through
-jax.distributed (the launcher's coordinator, gloo CPU collectives; strategy
-"multi_process"); its num_cpu_devices are then per process.
+one of several a launcher started (runtime/launchers.py: tf_tput.launch, torchrun,
+srun, mpirun) joins the others through jax.distributed (JAX's own cluster detection
+for Slurm and Open MPI, else the launcher's coordinator; gloo CPU collectives;
+strategy "multi_process"); its num_cpu_devices are then per process. Where no
+launcher started it, JAX's own detection may still find a Cloud TPU pod or a
+Kubernetes job (never exercised here).
 
 Compilation cache: JAX's persistent cache, under a directory train names (on by
 default), in a subdirectory per JAX version and host CPU model (below).
@@ -18,7 +21,7 @@ from typing import Optional
 
 from tf_tput.errors import UsageError
 from tf_tput.records import provenance
-from tf_tput.runtime import processes, topology as topology_lib
+from tf_tput.runtime import topology as topology_lib
 from tf_tput.runtime.topology import Topology
 
 
@@ -28,22 +31,33 @@ from tf_tput.runtime.topology import Topology
 ABORT_MARGIN_S = 60
 
 
-def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
-                   timeout_s: float) -> None:
-  """jax.distributed.initialize, failing after timeout_s with a TimeoutError that names
-  the coordinator and the flag. JAX waits for every process to register with the
-  coordinator (process 0 serves it) up to its initialization_timeout and then aborts
-  the process, which no Python code outlives; so the call runs on a daemon thread and
-  this thread stops waiting for it first. A process that gives up exits soon after
-  (its record written), well before JAX's later deadline."""
+# Launchers whose processes JAX's own cluster detection finds (jax/_src/clusters/):
+# launcher -> its cluster_detection_method.
+JAX_DETECTS = {"slurm": "slurm", "mpirun": "ompi"}
+
+
+def join_processes(jax, launch, timeout_s: float) -> None:
+  """jax.distributed.initialize for this process's launch (runtime/launchers.py):
+  JAX's own cluster detection where JAX has one for the launcher (Slurm, Open MPI),
+  else the launcher's coordinator, served on its address only; failing after
+  timeout_s with a TimeoutError that names the coordinator and the flag. JAX waits for
+  every process to register with the coordinator (process 0 serves it) up to its
+  initialization_timeout and then aborts the process, which no Python code outlives;
+  so the call runs on a daemon thread and this thread stops waiting for it first. A
+  process that gives up exits soon after (its record written), well before JAX's
+  later deadline."""
   outcome = {}
+  coordinator, process_id = launch.coordinator, launch.process_id
+  num_processes = launch.num_processes
+  detection = JAX_DETECTS.get(launch.launcher)
+  where = ({"cluster_detection_method": detection} if detection else
+           {"coordinator_address": coordinator, "coordinator_bind_address": coordinator,
+            "num_processes": num_processes, "process_id": process_id})
 
   def initialize():
     try:
       jax.distributed.initialize(
-          coordinator_address=coordinator, coordinator_bind_address=coordinator,
-          num_processes=num_processes, process_id=process_id,
-          initialization_timeout=math.ceil(timeout_s) + ABORT_MARGIN_S)
+          **where, initialization_timeout=math.ceil(timeout_s) + ABORT_MARGIN_S)
     except BaseException as e:  # noqa: BLE001: raised again in the caller's thread
       outcome["error"] = e
 
@@ -52,12 +66,30 @@ def join_processes(jax, coordinator: str, num_processes: int, process_id: int,
   joining.start()
   joining.join(timeout_s)
   if joining.is_alive():
-    raise TimeoutError(f"process {process_id}: the JAX coordinator at {coordinator} did "
+    raise TimeoutError(f"process {process_id}: the JAX coordinator at "
+                       f"{coordinator or 'the address ' + detection + ' gives'} did "
                        f"not gather all {num_processes} processes within "
                        f"--cluster_timeout_s={timeout_s:g}; start them all (python -m "
                        "tf_tput.launch --num_processes=N does) or raise the timeout")
   if "error" in outcome:
     raise outcome["error"]
+
+
+def _cluster_found_by_jax() -> bool:
+  """Whether JAX's own detection finds a cluster no launcher of launchers.py started:
+  a Cloud TPU pod's workers, a Kubernetes job (jax/_src/clusters/). NOT exercised
+  here: no TPU pod or Kubernetes."""
+  try:
+    from jax._src import clusters
+    return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types
+               if not env.opt_in_only_method and env.name not in JAX_DETECTS.values())
+  except Exception:  # noqa: BLE001: JAX's private module moved; no cluster then
+    return False
+
+
+def initialize_found_cluster(jax, timeout_s: float) -> None:
+  """jax.distributed.initialize() with no argument: JAX's detection gives every one."""
+  jax.distributed.initialize(initialization_timeout=math.ceil(timeout_s) + ABORT_MARGIN_S)
 
 
 NODE_KEY = "tf_tput/node/"  # + process id: each process's node in the key-value store
@@ -151,22 +183,29 @@ class JaxRuntime:
     return self._cache_events[CACHE_HIT_EVENT] == self._cache_events[CACHE_REQUEST_EVENT]
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
-    """Nothing in the environment to check: the launcher's variables are its own."""
+    launch = topology_lib.launched()
+    if launch.num_processes > 1 and not (launch.coordinator
+                                         or launch.launcher in JAX_DETECTS):
+      raise UsageError(f"{launch.launcher} started {launch.num_processes} processes but "
+                       "names no coordinator JAX's processes could meet at; start them "
+                       "with tf_tput.launch, torchrun, srun or mpirun")
 
   def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
               every_worker: bool = False, cluster_timeout_s: float = 60.0,
               tpu_address=None) -> Topology:
     import jax
 
-    num_processes, process_id = topology_lib.launched_processes()
+    launch = topology_lib.launched()
+    num_processes, process_id = launch.num_processes, launch.process_id
     if num_cpu_devices:
       jax.config.update("jax_platforms", "cpu")
       jax.config.update("jax_num_cpu_devices", num_cpu_devices)
     if num_processes > 1:
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
-      # 127.0.0.1:port, or island 0's address inside the islands tf_tput.launch made
-      coordinator = os.environ[processes.COORDINATOR_ENV]
-      join_processes(jax, coordinator, num_processes, process_id, cluster_timeout_s)
+      join_processes(jax, launch, cluster_timeout_s)
+    elif launch.launcher is None and not num_cpu_devices and _cluster_found_by_jax():
+      initialize_found_cluster(jax, cluster_timeout_s)
+      num_processes, process_id = jax.process_count(), jax.process_index()
     devices = jax.devices()
     platform = devices[0].platform
     kind = provenance.cpu_model() if platform == "cpu" else devices[0].device_kind

@@ -43,8 +43,9 @@ class Worker:
     return f"worker {self.index} ({self.address}, {self.task})"
 
 
-def parse_tf_config(text: str) -> tuple:
-  """(chief address, [Worker]) from TF_CONFIG's text; UsageError naming what is wrong."""
+def parse_tf_config(text: str, as_worker: bool = False) -> tuple:
+  """(chief address, [Worker]) from TF_CONFIG's text; UsageError naming what is wrong.
+  as_worker: the task is one of the workers (it serves the chief; serve_worker)."""
   if not text:
     raise UsageError(f"--strategy=multi_worker needs {ENV}, e.g. {EXAMPLE}; "
                      "python -m tf_tput.launch --num_workers=N sets it")
@@ -66,7 +67,12 @@ def parse_tf_config(text: str) -> tuple:
     raise UsageError(f"{ENV}'s cluster.chief lists {len(cluster[CHIEF])} addresses; a "
                      "cluster has one chief (the controller)")
   task = tf_config.get("task")
-  if task != {"type": CHIEF, "index": 0}:
+  if as_worker:
+    if (not isinstance(task, dict) or task.get("type") != WORKER
+        or task.get("index") not in range(len(cluster[WORKER]))):
+      raise UsageError(f"{ENV}'s task is {task!r}; a worker's must be {{\"type\": "
+                       f"\"{WORKER}\", \"index\": i}} with i below {len(cluster[WORKER])}")
+  elif task != {"type": CHIEF, "index": 0}:
     raise UsageError(f"{ENV}'s task is {task!r} but this process drives the run: it must "
                      f"be {{\"type\": \"{CHIEF}\", \"index\": 0}} (workers run python -m "
                      "tf_tput.systems.tensorflow.server)")
@@ -96,12 +102,45 @@ def check_port_free(address: str) -> None:
     s.close()
 
 
-def reachable(worker: Worker) -> bool:
+def reachable(worker) -> bool:
+  """Whether a Worker (or a host:port address) accepts connections."""
+  address = worker if isinstance(worker, str) else worker.address
   try:
-    socket.create_connection(_host_port(worker.address), PROBE_TIMEOUT_S).close()
+    socket.create_connection(_host_port(address), PROBE_TIMEOUT_S).close()
     return True
   except OSError:
     return False
+
+
+def slurm_port_base(job_id) -> int:
+  """The first of the ports a Slurm job step's TF tasks listen on, each node's tasks
+  from here up by local index (SlurmClusterResolver's port_base): one base per job,
+  below Linux's ephemeral ports (32768 up), room for 32 tasks per node."""
+  return 10000 + int(job_id or 0) % 600 * 32
+
+
+# A worker leaves once its chief has refused connections this long: the chief's
+# server is gone with its process, whatever its exit code (the launcher reports that).
+CHIEF_GONE_S = 2.0
+
+
+def serve_until_chief_leaves(chief: str, timeout_s: float) -> int:
+  """Returns once the chief at `chief` has come and gone (0), or never came within
+  timeout_s (1, said in one line): a worker server started by a launcher that waits
+  for every task (srun, a Kubernetes job) must end when the run does."""
+  deadline, seen, gone_since = time.monotonic() + timeout_s, False, None
+  while True:
+    if reachable(chief):
+      seen, gone_since = True, None
+    elif seen:
+      gone_since = gone_since or time.monotonic()
+      if time.monotonic() - gone_since >= CHIEF_GONE_S:
+        return 0
+    elif time.monotonic() >= deadline:
+      print(f"error: the chief at {chief} did not serve within --cluster_timeout_s="
+            f"{timeout_s:g}; start it (task 0) or raise the timeout", flush=True)
+      return 1
+    time.sleep(POLL_S)
 
 
 def wait_for_workers(workers: list, timeout_s: float) -> None:

@@ -5,15 +5,18 @@ Devices per --strategy:
   local         `--num_cpu_devices=N` splits the host CPU into N logical devices (they
                 share its cores); otherwise GPUs are used when present, else the CPU.
   multi_worker  a system whose one process drives workers (mtf): this process is the
-                chief of the TF_CONFIG cluster and its devices are every worker's
-                (cluster.py). A system whose every worker runs the program (tf2): this
-                process is one worker of a MultiWorkerMirroredStrategy.
+                chief of the cluster and its devices are every worker's (cluster.py);
+                the cluster is TF_CONFIG's, or a Slurm job step's tasks through TF's
+                SlurmClusterResolver, task 0 the chief; the other tasks serve
+                (serve_worker). A system whose every worker runs the program (tf2):
+                this process is one worker of a MultiWorkerMirroredStrategy.
   tpu           a Cloud TPU through TPUClusterResolver (tpu.py): mtf's Session and
                 tpu.replicate, or tf2's TPUStrategy.
 """
 
 import json
 import os
+import shutil
 from typing import Optional
 
 from tf_tput.errors import UsageError
@@ -29,6 +32,7 @@ class TfRuntime:
   serves_workers = True     # tf.distribute.Server processes (tf_workers)
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
+    launch = topology_lib.launched()
     if not every_worker and strategy == "local" and os.environ.get(tf_cluster.ENV):
       raise UsageError(f"{tf_cluster.ENV} is set (a cluster) but --strategy=local; pass "
                        f"--strategy=multi_worker, or unset {tf_cluster.ENV} to run "
@@ -36,6 +40,11 @@ class TfRuntime:
     if not every_worker and strategy == "multi_worker":
       if not cluster_timeout_s > 0:
         raise UsageError(f"--cluster_timeout_s={cluster_timeout_s}; it must be > 0")
+      if launch.launcher == "slurm":
+        return  # the cluster is Slurm's tasks (slurm_resolver), known once TF imports
+      if launch.process_id:  # a worker of a TF_CONFIG cluster: it serves (serve_worker)
+        tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""), as_worker=True)
+        return
       chief, _ = tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""))
       tf_cluster.check_port_free(chief)
 
@@ -79,6 +88,9 @@ class TfRuntime:
           tf.distribute.ReduceOp.SUM, tf.constant(1.0)))
     return lambda name: all_reduce()
 
+  def serve_worker(self, timeout_s: float) -> int:
+    return serve_worker(timeout_s)
+
   def launch_workers(self, command, every_worker: bool, num_workers: int,
                      devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
                      ports=None, network=None, chief_env=None) -> int:
@@ -116,15 +128,58 @@ def _session_matmul_runner(tf, topology, n: int, dtype: str, where: str):
   return lambda: peak.check_matmul_corner(session.run(corner), n, where)
 
 
+def slurm_resolver(tf, every_worker: bool):
+  """TensorFlow's own resolver of a Slurm job step's tasks: every task a worker where
+  every worker runs the program, else task 0 the chief and the others its workers.
+  Task i listens on its node at tf_cluster.slurm_port_base(job) + its local index."""
+  launch = topology_lib.launched()
+  jobs = ({tf_cluster.WORKER: launch.num_processes} if every_worker else
+          {tf_cluster.CHIEF: 1, tf_cluster.WORKER: launch.num_processes - 1})
+  gpus = shutil.which("nvidia-smi") is not None  # else TF's resolver fails asking it
+  return tf.distribute.cluster_resolver.SlurmClusterResolver(
+      jobs=jobs, port_base=tf_cluster.slurm_port_base(launch.job_id),
+      gpus_per_node=None if gpus else 0, auto_set_gpu=gpus)
+
+
+def _chief_and_workers(every_worker: bool):
+  """(resolver or None, chief address, [Worker]) of this process's cluster: Slurm's
+  tasks (TensorFlow imported to resolve them), else TF_CONFIG's (checked without it)."""
+  if topology_lib.launched().launcher != "slurm":
+    chief, workers = tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""))
+    return None, chief, workers
+  import tensorflow as tf
+  resolver = slurm_resolver(tf, every_worker)
+  spec = resolver.cluster_spec().as_dict()
+  return (resolver, (spec.get(tf_cluster.CHIEF) or [None])[0],
+          [tf_cluster.Worker(i, a) for i, a in enumerate(spec[tf_cluster.WORKER])])
+
+
+def serve_worker(timeout_s: float) -> int:
+  """This process as a worker server of a chief that drives it (mtf under srun, or a
+  TF_CONFIG worker task running the train command): serves until the chief has come
+  and gone; 1 when it never comes within timeout_s. Its exit code."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf
+  resolver, chief, _ = _chief_and_workers(every_worker=False)
+  resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  server = tf.distribute.Server(
+      resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
+      start=True)  # one CPU device, or the GPUs TensorFlow finds
+  print(f"{resolver.task_type} {resolver.task_id} serving {server.target} for the chief "
+        f"at {chief}", flush=True)
+  return tf_cluster.serve_until_chief_leaves(chief, timeout_s)
+
+
 def _resolve_cluster(cluster_timeout_s: float) -> Topology:
-  """Joins the TF_CONFIG cluster as its chief; the mesh spans every worker's devices."""
-  chief, workers = tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""))
+  """Joins the cluster (TF_CONFIG's, or a Slurm step's tasks) as its chief; the mesh
+  spans every worker's devices."""
+  resolver, chief, workers = _chief_and_workers(every_worker=False)
   tf_cluster.check_port_free(chief)
   tf_cluster.wait_for_workers(workers, cluster_timeout_s)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
 
-  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                 task_index=resolver.task_id, start=True)
   # CreateSession and ListDevices wait for every worker; bound that wait.
@@ -178,22 +233,29 @@ def _on_this_host(address: str) -> bool:
 
 
 def _resolve_workers(timeout_s: float) -> Topology:
-  """This process as one worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG,
-  a "worker" job, worker 0 its chief), with tf_workers.DEVICES_ENV logical CPUs. The
-  strategy is made here, before any TensorFlow op runs (it must be), and kept in
-  handles; the devices are every worker's, in task order.
+  """This process as one worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG's
+  "worker" job, or a Slurm step's tasks; worker 0 its chief), with
+  tf_workers.DEVICES_ENV logical CPUs (one under Slurm). The strategy is made
+  here, before any TensorFlow op runs (it must be), and kept in handles; the devices
+  are every worker's, in task order.
 
   Making it waits for every worker to register with worker 0's coordination service,
   without end by default; timeout_s bounds that wait (_join_workers)."""
-  text = os.environ.get(tf_cluster.ENV, "")
-  try:
-    tf_config = json.loads(text)
-    workers, index = tf_config["cluster"]["worker"], tf_config["task"]["index"]
-  except (ValueError, KeyError, TypeError):
-    raise UsageError(f"--strategy=multi_worker for a program every worker runs needs "
-                     f"{tf_cluster.ENV} with a cluster.worker list and this task's "
-                     f"index (got {text!r}); tf_tput.launch --num_workers=N sets it"
-                     ) from None
+  resolver = None
+  if topology_lib.launched().launcher == "slurm":
+    import tensorflow as tf
+    resolver = slurm_resolver(tf, every_worker=True)
+    workers, index = resolver.cluster_spec().as_dict()[tf_cluster.WORKER], resolver.task_id
+  else:
+    text = os.environ.get(tf_cluster.ENV, "")
+    try:
+      tf_config = json.loads(text)
+      workers, index = tf_config["cluster"]["worker"], tf_config["task"]["index"]
+    except (ValueError, KeyError, TypeError):
+      raise UsageError(f"--strategy=multi_worker for a program every worker runs needs "
+                       f"{tf_cluster.ENV} with a cluster.worker list and this task's "
+                       f"index (got {text!r}), or the tasks of a Slurm job step; "
+                       "tf_tput.launch --num_workers=N sets it") from None
   if index == 0:  # see _join_workers; before TensorFlow's import, which takes seconds
     tf_cluster.wait_for_workers([tf_cluster.Worker(i, address)
                                  for i, address in enumerate(workers) if i], timeout_s)
@@ -204,7 +266,7 @@ def _resolve_workers(timeout_s: float) -> Topology:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
         cpus[0], [tf.config.LogicalDeviceConfiguration()] * per_worker)
-  strategy = _join_workers(tf, workers, index, timeout_s)
+  strategy = _join_workers(tf, workers, index, timeout_s, resolver)
   devices = tuple(f"/job:worker/replica:0/task:{t}/device:CPU:{d}"
                   for t in range(len(workers)) for d in range(per_worker))
   loopback = all(_on_this_host(w) for w in workers)
@@ -216,7 +278,7 @@ def _resolve_workers(timeout_s: float) -> Topology:
                   nodes=nodes_of(workers))
 
 
-def _join_workers(tf, workers: list, index: int, timeout_s: float):
+def _join_workers(tf, workers: list, index: int, timeout_s: float, resolver=None):
   """MultiWorkerMirroredStrategy, its waits for the other workers bounded by timeout_s.
 
   TF's coordination service (on worker 0) waits for every worker to register, and a
@@ -237,7 +299,7 @@ def _join_workers(tf, workers: list, index: int, timeout_s: float):
     context.context().coordination_service.coordinated_job_list.add(
         name=tf_cluster.WORKER, num_tasks=len(workers))
   try:
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
   except tf.errors.DeadlineExceededError:
     raise TimeoutError(f"worker {index}: worker 0 ({workers[0]}) did not gather every "
                        f"worker of {tf_cluster.ENV} within --cluster_timeout_s="

@@ -2,12 +2,14 @@
 and the barrier, for systems built on torch (--system=torch).
 
 One device per process: the CPU, or where torch sees CUDA GPUs the process's own
-(cuda:<process index modulo the GPUs>). `--num_cpu_devices` may only be 1 (the CPU,
-even on a GPU host). A process started by `tf_tput.launch --num_processes` joins the
-others with torch.distributed (strategy "multi_process"): a TCPStore rendezvous at
-the launcher's coordinator, which process 0 serves on a socket bound to the
-coordinator's (loopback) address only, then gloo on CPUs, its sockets pinned to the
-loopback interface, or NCCL on GPUs. Processes sharing a CPU split its cores between
+(cuda:<local process index modulo the GPUs>). `--num_cpu_devices` may only be 1 (the
+CPU, even on a GPU host). A process one of several a launcher started
+(runtime/launchers.py) joins the others with torch.distributed (strategy
+"multi_process"): under torchrun through its own store (env://); under
+tf_tput.launch, srun or mpirun at a TCPStore rendezvous at the launch's coordinator,
+which process 0 serves on a socket bound to the coordinator's address only; then gloo
+on CPUs, its sockets pinned to the loopback interface when that address is loopback,
+or NCCL on GPUs. Processes sharing a CPU split its cores between
 them (torch.set_num_threads); the peak probe uses them all, since the others wait.
 The process group is destroyed at exit, so no process hangs in its teardown.
 
@@ -25,7 +27,7 @@ from typing import Optional
 
 from tf_tput.errors import UsageError
 from tf_tput.records import provenance
-from tf_tput.runtime import processes, topology as topology_lib
+from tf_tput.runtime import topology as topology_lib
 from tf_tput.runtime.topology import Topology
 
 
@@ -56,7 +58,8 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
-               join_timeout_s: float, listen_fd: Optional[int] = None) -> None:
+               join_timeout_s: float, listen_fd: Optional[int] = None,
+               launcher_store: bool = False) -> None:
   """torch.distributed's process group over a TCPStore at host:port that rank 0
   serves on `listen_fd`, a socket already bound to host alone (torch's own listener
   would take every interface). Where host is loopback, gloo's and NCCL's sockets are
@@ -64,7 +67,9 @@ def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
   rank; torch's error then says "timed out". Elsewhere a pin to the loopback
   interface (one the environment inherited) is dropped: peers on other hosts could
   not reach it. The environment is as it was afterwards: the backend reads the
-  variable when the group forms, and this process's children must not inherit it."""
+  variable when the group forms, and this process's children must not inherit it.
+  launcher_store: the launcher serves the store at host:port (torchrun's agent), and
+  it is reached through torch's env:// rendezvous, from the launcher's variables."""
   variable = "GLOO_SOCKET_IFNAME" if backend == "gloo" else "NCCL_SOCKET_IFNAME"
   saved, interface = os.environ.get(variable), loopback_interface()
   if host.startswith("127."):
@@ -74,9 +79,14 @@ def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
     del os.environ[variable]
   import torch.distributed as dist
   try:
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=join_timeout_s),
-                          wait_for_workers=True, master_listen_fd=listen_fd)
+    if launcher_store:  # what init_process_group("env://") does, its wait bounded
+      store, _, _ = next(dist.rendezvous(
+          "env://", rank, world_size, timeout=datetime.timedelta(seconds=join_timeout_s)))
+      store = dist.PrefixStore("default_pg", store)  # the agent's own keys stay apart
+    else:
+      store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                            timeout=datetime.timedelta(seconds=join_timeout_s),
+                            wait_for_workers=True, master_listen_fd=listen_fd)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=COLLECTIVE_TIMEOUT)
   finally:
@@ -86,21 +96,24 @@ def join_group(host: str, port: int, rank: int, world_size: int, backend: str,
       os.environ[variable] = saved
 
 
-def join_processes(dist, coordinator: str, num_processes: int, process_id: int,
-                   backend: str, timeout_s: float) -> None:
-  """The launched processes' group at `coordinator` (process 0 serves it), failing
-  after timeout_s with a TimeoutError that names the coordinator and the flag when a
-  process never joins."""
+def join_processes(dist, launch, backend: str, timeout_s: float) -> None:
+  """The launched processes' group (runtime/launchers.py): through the launcher's own
+  store where it serves one (torchrun's, env://), else at the launch's coordinator,
+  which process 0 serves; failing after timeout_s with a TimeoutError that names the
+  coordinator and the flag when a process never joins."""
+  num_processes, process_id = launch.num_processes, launch.process_id
+  coordinator = launch.store or launch.coordinator
   host, port = coordinator.rsplit(":", 1)
   listen_fd = None
-  if process_id == 0:
+  if process_id == 0 and not launch.store:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
       listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
       listener.bind((host, int(port)))
       listener.listen(num_processes)
       listen_fd = listener.detach()  # the store owns it from here on
   try:
-    join_group(host, int(port), process_id, num_processes, backend, timeout_s, listen_fd)
+    join_group(host, int(port), process_id, num_processes, backend, timeout_s, listen_fd,
+               launcher_store=bool(launch.store))
   except (RuntimeError, dist.DistError) as e:
     if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
       raise
@@ -167,7 +180,11 @@ class TorchRuntime:
     return misses == 0
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
-    """Nothing in the environment to check: the launcher's variables are its own."""
+    launch = topology_lib.launched()
+    if launch.num_processes > 1 and not (launch.store or launch.coordinator):
+      raise UsageError(f"{launch.launcher} started {launch.num_processes} processes but "
+                       "names no address their torch.distributed store could be at; "
+                       "start them with tf_tput.launch, torchrun, srun or mpirun")
 
   def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
               every_worker: bool = False, cluster_timeout_s: float = 60.0,
@@ -180,21 +197,21 @@ class TorchRuntime:
     import torch
     import torch.distributed as dist
 
-    num_processes, process_id = topology_lib.launched_processes()
+    launch = topology_lib.launched()
+    num_processes, process_id = launch.num_processes, launch.process_id
     cuda = torch.cuda.is_available() and not num_cpu_devices
     if cuda:
-      index = process_id % torch.cuda.device_count()
+      index = launch.local_process_id % torch.cuda.device_count()
       torch.cuda.set_device(index)
       device, platform = f"cuda:{index}", "gpu"
       kind = torch.cuda.get_device_name(index)
     else:
       device, platform, kind = "cpu", "cpu", provenance.cpu_model()
-      if num_processes > 1:  # the processes share this host's cores
-        torch.set_num_threads(max(1, host_cores() // num_processes))
+      if launch.local_num_processes > 1:  # the processes share this host's cores
+        torch.set_num_threads(max(1, host_cores() // launch.local_num_processes))
     nodes = [provenance.this_node()]
     if num_processes > 1:
-      join_processes(dist, os.environ[processes.COORDINATOR_ENV], num_processes,
-                     process_id, "nccl" if cuda else "gloo", cluster_timeout_s)
+      join_processes(dist, launch, "nccl" if cuda else "gloo", cluster_timeout_s)
       # Every process's node, so that process 0, which writes the record, knows all.
       nodes = [None] * num_processes
       dist.all_gather_object(nodes, provenance.this_node())
