@@ -4,6 +4,7 @@ import atexit
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 
@@ -71,6 +72,35 @@ SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
                         "test_ray_nodes.py"}
 
 
+# Files whose tests use the `slurm` fixture: one Slurm cluster per test session, so
+# they run in one xdist worker.
+SLURM_FILES = {"test_cluster_launchers.py", "test_slurm_fixture.py"}
+
+
+@pytest.fixture(scope="session")
+def slurm():
+  """A real one-node Slurm cluster (and Open MPI's mpirun) in a private network
+  namespace (tests/slurm_cluster.py), installed where missing and started once; on
+  teardown nothing of it is left: no daemon, job, process in it, or namespace."""
+  import slurm_cluster
+  reason = slurm_cluster.missing() or slurm_cluster.install()
+  if reason:
+    pytest.skip(f"no Slurm cluster here: {reason}")
+  cluster = slurm_cluster.SlurmCluster()
+  cluster.start()
+  try:
+    yield cluster
+  finally:
+    daemons, namespace = list(cluster.daemons.values()), cluster.net.namespace
+    inside = cluster.pids()  # the daemons, and the jobs' processes in the namespace
+    cluster.stop()
+    assert all(d.poll() is not None for d in daemons), "a Slurm daemon outlived stop()"
+    left = slurm_cluster.alive(inside)
+    assert not left, f"processes of the Slurm cluster outlived stop(): {left}"
+    assert namespace not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                           text=True).stdout, f"{namespace} left behind"
+
+
 def pytest_ignore_collect(collection_path, config):
   """With `-m alone` alone (scripts/test.sh's second part), a test file with no test
   to run alone is not imported: importing them all (TF, JAX, torch) takes ~7 s, for
@@ -99,6 +129,8 @@ def pytest_collection_modifyitems(items):
   for item in items:
     if item.path.name in LOOPBACK_PORT_FILES or item.get_closest_marker("loopback_ports"):
       item.add_marker(pytest.mark.xdist_group("loopback_ports"))
+    elif item.path.name in SLURM_FILES:
+      item.add_marker(pytest.mark.xdist_group("slurm"))
     elif item.path.name in SHARED_FIXTURE_FILES:
       item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if item.path.name in ALONE_FILES:

@@ -134,6 +134,8 @@ def _run_key() -> str:
   """The suite's key for this command line (tf_tput.records.keys), taken before the run
   starts: gin files or code edited while it runs must not lend it their key."""
   num_processes, _ = topology_lib.launched_processes()
+  if _drives_servers(systems.load(FLAGS.system)):
+    num_processes = 1  # the chief, as under tf_tput.launch --num_workers
   launch = keys.launch_fields(num_processes, topology_lib.launched_islands(),
                               os.environ.get(islands.DCN_RATE_ENV, islands.NO_LIMIT))
   return keys.run_key(FLAGS.system, FLAGS.gin_file, _bindings(), FLAGS.num_cpu_devices,
@@ -400,22 +402,24 @@ def _checked_request():
   return experiment, tpu_address, malformed, cache_dir
 
 
-def _serves(system) -> bool:
-  """Whether this process serves as a worker of a chief that drives it: one of
-  several a launcher started (srun, a TF_CONFIG job), not process 0, for a system
-  whose one process drives worker servers (mtf --strategy=multi_worker)."""
+def _drives_servers(system) -> bool:
+  """Whether the system's one process drives worker servers (mtf
+  --strategy=multi_worker): under a launcher of several processes (srun, a TF_CONFIG
+  job) process 0 is that chief and the others serve it."""
   return (FLAGS.strategy == "multi_worker" and not system.every_worker
-          and hasattr(system.runtime, "serve_worker")
-          and topology_lib.launched_processes()[1] > 0)
+          and hasattr(system.runtime, "serve_worker"))
+
+
+def _serves(system) -> bool:
+  """Whether this process serves as a worker of the chief, process 0."""
+  return _drives_servers(system) and topology_lib.launched_processes()[1] > 0
 
 
 def _check_processes(system) -> None:
   """The processes their launcher started, against what the system runs as."""
   launch = topology_lib.launched()
   num_processes = launch.num_processes
-  drives_servers = (FLAGS.strategy == "multi_worker" and not system.every_worker
-                    and hasattr(system.runtime, "serve_worker")
-                    and launch.launcher != "tf_tput.launch")
+  drives_servers = _drives_servers(system) and launch.launcher != "tf_tput.launch"
   if num_processes > 1 and not system.multi_process and not drives_servers:
     raise UsageError(f"--system={FLAGS.system} runs as one process (a single "
                      f"controller), not as {num_processes} processes of {launch.launcher}; "

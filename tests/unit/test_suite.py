@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -15,7 +16,7 @@ from record_fixtures import micro_record, train_record
 
 SUITES = ["table1_local", "decoder_local", "micro_local", "table1_paper", "table2_local",
           "table2_paper", "islands_local", "islands_paper", "islands_pipeline_local",
-          "controllers_local"]
+          "controllers_local", "cluster_local"]
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -343,3 +344,24 @@ def test_islands_pipeline_local_puts_one_stage_in_each_of_four_islands():
   three = dataclasses.replace(runs[1], launcher=("--num_processes=4", "--islands=3"))
   with pytest.raises(UsageError, match="stages = 4 across 3 islands"):
     suites.validate(three)
+
+
+def test_srun_starts_each_run_of_cluster_local_as_one_step_of_its_tasks():
+  runs = suites.expand(suites.load("cluster_local"))
+  tasks = {r.flags["system"]: r.command("r.jsonl", launcher="srun")[:3] for r in runs}
+  assert tasks == {"jax": [*suites.SRUN, "--ntasks=2"], "torch": [*suites.SRUN, "--ntasks=2"],
+                   "tf2": [*suites.SRUN, "--ntasks=2"],  # every worker runs the program
+                   "mtf": [*suites.SRUN, "--ntasks=3"]}  # the chief and its 2 workers
+  assert all(r.command("r.jsonl", launcher="srun")[3:5] == [sys.executable, "-m"]
+             for r in runs)
+
+
+def test_srun_refuses_what_a_slurm_step_cannot_be():
+  islands = next(r for r in suites.expand(suites.load("islands_local"))
+                 if any(f.startswith("--islands=") for f in r.launcher))
+  with pytest.raises(UsageError, match="--launcher=srun cannot make islands"):
+    islands.command("r.jsonl", launcher="srun")
+  mtf = suites.expand(suites.load("cluster_local"))[-1]
+  wide = dataclasses.replace(mtf, launcher=("--num_workers=2", "--devices_per_worker=2"))
+  with pytest.raises(UsageError, match="runs a worker server as one task with one device"):
+    wide.command("r.jsonl", launcher="srun")

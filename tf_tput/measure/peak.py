@@ -110,8 +110,9 @@ def peak(runtime, topology, dtype: str, store=None) -> tuple:
     whole_cpu = measure_matmul_peak(runtime.matmul_runner(topology, n, dtype))
     if store:
       store.put(topology.framework, dtype, n, whole_cpu)
+  worker_0 = topology.workers[0].address if topology.workers else topology.devices[0]
   where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
-           else f"worker 0's CPU ({topology.workers[0].address})")
+           else f"worker 0's CPU ({worker_0})")
   source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
             f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {_sharing(topology)} virtual "
             "device(s)") + (f"{STORED}{kept.measured_at} ({store.path})" if kept else "")

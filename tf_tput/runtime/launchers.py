@@ -171,15 +171,17 @@ def _tf_config(environ) -> Optional[Launch]:
   text = environ.get(TF_CONFIG)
   if not text:
     return None
+  chiefs = workers = 0
   try:
     tf_config = json.loads(text)
     cluster, task = tf_config["cluster"], tf_config["task"]
     chiefs, workers = len(cluster.get("chief", [])), len(cluster.get("worker", []))
     index = int(task["index"]) + (chiefs if task["type"] == "worker" else 0)
   except (ValueError, KeyError, TypeError, AttributeError):
-    return Launch("tf_config", tf_config=None)  # malformed: the TF runtime says how
-  return _checked(Launch("tf_config", chiefs + workers, index, tf_config=tf_config),
-                  f"{TF_CONFIG}'s task")
+    index = -1
+  if not 0 <= index < chiefs + workers:  # malformed: the TF runtime says how
+    return Launch("tf_config", tf_config=None)
+  return Launch("tf_config", chiefs + workers, index, tf_config=tf_config)
 
 
 def _slurm(environ) -> Optional[Launch]:

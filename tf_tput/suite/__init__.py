@@ -137,12 +137,49 @@ class Run:
         out.append(f"--{name}={v}")
     return out + [f"--results={results_path}"]
 
-  def command(self, results_path: str, train_flags=()) -> list:
-    """The child's command line; train_flags (--name=value) go to train runs only."""
+  def command(self, results_path: str, train_flags=(), launcher: str = LAUNCH_MODULE
+              ) -> list:
+    """The child's command line; train_flags (--name=value) go to train runs only;
+    launcher: one of LAUNCHERS (srun: a train run as a Slurm job step)."""
     extra = list(train_flags) if self.module == TRAIN_MODULE else []
     launch = ([sys.executable, "-m", LAUNCH_MODULE, *self.launcher, "--"]
               if self.launcher else [])
+    if launcher == "srun" and self.module == TRAIN_MODULE:
+      launch = srun_prefix(self)
     return [*launch, sys.executable, "-m", self.module, *self.args(results_path), *extra]
+
+
+# How a suite's runs start (tf_tput.suite --launcher): under tf_tput.launch on this
+# machine, or each as a job step of the Slurm job the suite runs in (srun_prefix).
+LAUNCHERS = ("tf_tput.launch", "srun")
+# A task that fails ends its step: its peers would wait in a collective.
+SRUN = ("srun", "--kill-on-bad-exit=1")
+
+
+def srun_prefix(run: Run) -> list:
+  """What starts `run` as a job step of the Slurm job the suite runs in: its processes
+  as tasks (one for a one-process run); a chief and its worker servers as task 0 and
+  the others (runtime/launchers.py, train's worker tasks); every worker of a program
+  each worker runs, a task each. UsageError for what a Slurm step cannot be: islands
+  (network namespaces of one machine), Ray nodes, workers of several devices."""
+  flags = dict(flag.lstrip("-").split("=", 1) for flag in run.launcher)
+  if "islands" in flags:
+    raise UsageError(f"{run.label}: --launcher=srun cannot make islands (network "
+                     "namespaces of one machine); run this suite without --launcher=srun")
+  if "num_processes" in flags:
+    return [*SRUN, f"--ntasks={flags['num_processes']}"]
+  if "num_workers" not in flags:
+    return [*SRUN, "--ntasks=1"]
+  system = systems.load(run.flags["system"])
+  if int(flags.get("devices_per_worker", 1)) > 1 or not (
+      system.every_worker or hasattr(system.runtime, "serve_worker")):
+    raise UsageError(f"{run.label}: --launcher=srun runs a worker server as one task "
+                     "with one device, not --system="
+                     f"{run.flags['system']}'s {flags['num_workers']} worker(s) of "
+                     f"{flags.get('devices_per_worker', 1)} device(s); run this suite "
+                     "without --launcher=srun")
+  workers = int(flags["num_workers"])
+  return [*SRUN, f"--ntasks={workers if system.every_worker else workers + 1}"]
 
 
 def _launches(m: TrainMatrix) -> list:

@@ -24,7 +24,7 @@ from absl import flags
 
 from tf_tput import REPO_ROOT, errors
 from tf_tput.records import results
-from tf_tput.runtime import processes
+from tf_tput.runtime import processes, topology
 from tf_tput import suite as suites
 from tf_tput.errors import UsageError
 
@@ -42,6 +42,11 @@ flags.DEFINE_float("run_timeout_s", 3 * 3600, "Stop a run that takes longer than
 flags.DEFINE_multi_string("train_flag", [], "A tf_tput.train flag for every train run "
                           "that does not change what it measures, repeatable, e.g. "
                           "--train_flag=--tpu=local.")
+flags.DEFINE_enum("launcher", suites.LAUNCHERS[0], suites.LAUNCHERS, "How train runs "
+                  "start: tf_tput.launch on this machine (runs of several processes or "
+                  "workers), or srun: each run a job step of the Slurm job the suite "
+                  "runs in, its processes (or its chief and workers) the step's tasks "
+                  "(scripts/slurm/suite.sbatch; docs/clusters.md).")
 flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
 
 LOG_TAIL_LINES = 5
@@ -87,7 +92,7 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  command = run.command(results_path, FLAGS.train_flag)
+  command = run.command(results_path, FLAGS.train_flag, FLAGS.launcher)
   with open(log_path, "wb") as log:
     log.write(("$ " + " ".join(command) + "\n").encode())
     log.flush()
@@ -142,6 +147,12 @@ def run() -> int:
   runs = suites.expand(suite)
   for r in runs:  # every run checked before the first starts
     suites.validate(r)
+    if FLAGS.launcher == "srun":
+      r.command("", launcher="srun")  # what a Slurm step cannot be: UsageError
+  if FLAGS.launcher == "srun" and not FLAGS.dry_run and topology.launched().launcher != "slurm":
+    raise UsageError("--launcher=srun runs each run as a job step of the Slurm job the "
+                     "suite runs in, and this process is in none; submit it with sbatch "
+                     "(scripts/slurm/suite.sbatch) or run it inside salloc")
   if FLAGS.dry_run:
     return dry_run(runs)
 

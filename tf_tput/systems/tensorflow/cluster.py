@@ -90,13 +90,16 @@ def _host_port(address: str) -> tuple:
   return host.strip("[]"), int(port)
 
 
-def check_port_free(address: str) -> None:
-  """UsageError when the chief's port is taken: TF would fail to start its server."""
+def check_port_free(address: str, named_by: str = f"{ENV}'s") -> None:
+  """UsageError when the chief's port is taken: TF would fail to start its server.
+  A port whose last server has gone but whose connections linger (TIME_WAIT, as after
+  an earlier Slurm step's) is free to TF's server, which reuses addresses; so here."""
   s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     s.bind(("", _port(address)))  # TF's server binds the wildcard address (see server.py)
   except OSError as e:
-    raise UsageError(f"{ENV}'s chief address {address}: port {_port(address)} is in use "
+    raise UsageError(f"{named_by} chief address {address}: port {_port(address)} is in use "
                      f"({e.strerror}); stop what holds it or choose another port") from None
   finally:
     s.close()

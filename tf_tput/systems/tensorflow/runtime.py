@@ -17,6 +17,7 @@ Devices per --strategy:
 import json
 import os
 import shutil
+import socket
 from typing import Optional
 
 from tf_tput.errors import UsageError
@@ -135,10 +136,18 @@ def slurm_resolver(tf, every_worker: bool):
   launch = topology_lib.launched()
   jobs = ({tf_cluster.WORKER: launch.num_processes} if every_worker else
           {tf_cluster.CHIEF: 1, tf_cluster.WORKER: launch.num_processes - 1})
-  gpus = shutil.which("nvidia-smi") is not None  # else TF's resolver fails asking it
-  return tf.distribute.cluster_resolver.SlurmClusterResolver(
+  if shutil.which("nvidia-smi"):  # the resolver counts the GPUs and shares them out
+    return tf.distribute.cluster_resolver.SlurmClusterResolver(
+        jobs=jobs, port_base=tf_cluster.slurm_port_base(launch.job_id))
+  # It places one task per GPU slot of a node (none without nvidia-smi): on CPUs, a
+  # slot for every task, never handed out (auto_set_gpu off), and its cluster kept
+  # without the slots, which MultiWorkerMirroredStrategy would take for GPUs.
+  slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
       jobs=jobs, port_base=tf_cluster.slurm_port_base(launch.job_id),
-      gpus_per_node=None if gpus else 0, auto_set_gpu=gpus)
+      gpus_per_node=launch.num_processes, gpus_per_task=1, auto_set_gpu=False)
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      slurm.cluster_spec(), task_type=slurm.task_type, task_id=slurm.task_id,
+      rpc_layer=slurm.rpc_layer, num_accelerators={})
 
 
 def _chief_and_workers(every_worker: bool):
@@ -174,7 +183,7 @@ def _resolve_cluster(cluster_timeout_s: float) -> Topology:
   """Joins the cluster (TF_CONFIG's, or a Slurm step's tasks) as its chief; the mesh
   spans every worker's devices."""
   resolver, chief, workers = _chief_and_workers(every_worker=False)
-  tf_cluster.check_port_free(chief)
+  tf_cluster.check_port_free(chief, "the Slurm step's" if resolver else f"{tf_cluster.ENV}'s")
   tf_cluster.wait_for_workers(workers, cluster_timeout_s)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
@@ -210,7 +219,8 @@ def nodes_of(addresses) -> tuple:
     host = address.rsplit(":", 1)[0].strip("[]")
     if not _on_this_host(address):
       return host
-    return provenance.this_node() if _loopback(address) else provenance.node_at(host)
+    return (provenance.this_node() if _loopback(address) or _named_as_this_host(address)
+            else provenance.node_at(host))
   return tuple(sorted({node(address) for address in addresses}))
 
 
@@ -218,10 +228,16 @@ def _loopback(address: str) -> bool:
   return address.startswith(("127.", "localhost:", "[::1]"))
 
 
+def _named_as_this_host(address: str) -> bool:
+  """The address names this machine by its host name, as Slurm names a task's node."""
+  host, name = address.rsplit(":", 1)[0], socket.gethostname()
+  return host in (name, name.split(".")[0])
+
+
 def _on_this_host(address: str) -> bool:
-  """Loopback, or inside the islands tf_tput.launch made here (network namespaces of
-  this host, on 198.18.0.0/15)."""
-  if _loopback(address):
+  """Loopback, this machine's host name, or inside the islands tf_tput.launch made
+  here (network namespaces of this host, on 198.18.0.0/15)."""
+  if _loopback(address) or _named_as_this_host(address):
     return True
   import ipaddress
   host = address.rsplit(":", 1)[0]

@@ -1,0 +1,158 @@
+"""Runs started by the launchers clusters use, each real, each leaving one record that
+says how it was started (docs/clusters.md): each system's own mechanism once (jax
+under srun and under mpirun, JAX's two detections; torch's env:// under torchrun;
+tf2's SlurmClusterResolver; mtf's chief and workers; Ray's Slurm recipe), and srun's
+torch tasks, one killed mid-run. How each launcher's variables become a rank, a size
+and a coordinator, for every system, is tests/unit/test_launchers.py's.
+
+Slurm is the `slurm` fixture's (tests/slurm_cluster.py: one node, in a private
+network namespace, once per session); torchrun and mpirun run in that namespace too,
+so nothing they serve is reachable from other machines."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tf_tput
+from tf_tput.records import results
+
+REPO = tf_tput.REPO_ROOT
+TINY = ["--gin_file=t5_tiny", "--gin_file=data2", "--steps=2", "--warmup_steps=1",
+        "--log_every=1"]
+RUN_TIMEOUT_S = 240  # XLA:CPU's collectives never time out: the wall clock does
+
+
+def _train(system: str, results_path, *flags) -> list:
+  return ["-m", "tf_tput.train", f"--system={system}", *TINY,
+          f"--results={results_path}", *flags]
+
+
+def _run(command, slurm, cwd) -> subprocess.CompletedProcess:
+  return subprocess.run(command, env=dict(os.environ, **slurm.env()), cwd=cwd,
+                        capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def _one_record(path, proc, launcher: str, num_processes: int) -> dict:
+  out = f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+  records, problems = results.read(str(path))
+  assert not problems and len(records) == 1, out
+  record = records[0]
+  assert record["status"] == "ok", (record["error"], out)
+  assert proc.returncode == 0, out
+  assert (record["launcher"], record["num_processes"]) == (launcher, num_processes)
+  return record
+
+
+# jax's processes get one virtual CPU device each: two devices for data2.
+JAX_FLAGS = ["--num_cpu_devices=1"]
+
+
+def test_mpirun_two_jax_ranks_are_one_run(slurm, tmp_path):
+  path = tmp_path / "r.jsonl"
+  proc = _run(slurm.mpirun_command(2, [sys.executable, *_train("jax", path, *JAX_FLAGS)]),
+              slurm, tmp_path)
+  record = _one_record(path, proc, "mpirun", 2)
+  assert record["job_id"] and record["num_devices"] == 2
+
+
+def test_torchrun_two_torch_workers_are_one_run(slurm, tmp_path):
+  path = tmp_path / "r.jsonl"
+  torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+  proc = _run(slurm.exec_prefix() + torchrun + _train("torch", path), slurm, tmp_path)
+  record = _one_record(path, proc, "torchrun", 2)
+  assert record["job_id"] and record["num_devices"] == 2  # job_id: torchrun's run id
+
+
+def test_a_suite_under_sbatch_runs_each_system_as_srun_s_tasks(slurm, tmp_path):
+  """scripts/slurm/suite.sbatch: tf_tput.suite --launcher=srun in the batch script,
+  each run of cluster_local a job step: jax and torch processes, tf2's
+  MultiWorkerMirroredStrategy workers (TF's SlurmClusterResolver), mtf's chief (task
+  0) and its 2 worker servers, 3 tasks on the job's 2 CPUs (--overcommit)."""
+  path = tmp_path / "r.jsonl"
+  job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
+                     ["--ntasks=2", "--overcommit", f"--export=ALL,PYTHON={sys.executable}"],
+                     ["--suite=cluster_local", f"--results={path}"], cwd=str(REPO))
+  code, state = slurm.wait_job(job, timeout=2 * RUN_TIMEOUT_S)
+  out = open(slurm.output_path(job), errors="replace").read()[-4000:]
+  records, problems = results.read(str(path))
+  assert (code, state, problems) == (0, "COMPLETED", []), out
+  assert [(r["system"], r["status"], r["launcher"], r["num_processes"], r["num_devices"],
+           r["job_id"]) for r in records] == [
+      (system, "ok", "slurm", 2, 2, str(job)) for system in ("jax", "torch", "tf2", "mtf")], out
+  assert [a["task"] for a in records[-1]["env"]["accelerators"]] == [
+      "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]  # mtf's servers
+
+
+def test_ray_under_sbatch_by_ray_s_recipe(slurm, tmp_path):
+  path = tmp_path / "r.jsonl"
+  script = str(REPO / "scripts" / "slurm" / "ray.sbatch")
+  job = slurm.sbatch(script, ["--nodes=1", f"--cpus-per-task={slurm.cpus}",
+                              f"--chdir={REPO}", f"--export=ALL,PYTHON={sys.executable}"],
+                     [*TINY, "--num_cpu_devices=2", f"--results={path}"])
+  code, state = slurm.wait_job(job, timeout=RUN_TIMEOUT_S)
+  out = open(slurm.output_path(job), errors="replace").read()[-3000:]
+  assert (code, state) == (0, "COMPLETED"), out
+  record = _one_record(path, subprocess.CompletedProcess([], 0, out, ""), "slurm", 1)
+  assert record["system"] == "ray" and record["job_id"] == str(job)
+  assert not slurm.jobs()
+  assert not [p for p in slurm.pids() if _command(p).find("raylet") >= 0]
+
+
+def _command(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f.read().replace(b"\0", b" ").decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def test_a_task_killed_mid_run_leaves_process_0_s_failed_record(slurm, tmp_path):
+  path = tmp_path / "r.jsonl"
+  command = slurm.srun_command(["-n", "2", sys.executable, *_train(
+      "torch", path, "--steps=400", "--log_every=1")])
+  proc = subprocess.Popen(command, env=dict(os.environ, **slurm.env()), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    victim = _wait_for_measured_steps_then_task_1(proc, slurm)
+    os.kill(victim, signal.SIGKILL)
+    out = proc.communicate(timeout=RUN_TIMEOUT_S)[0]
+  finally:
+    proc.kill()
+  records, _ = results.read(str(path))
+  assert proc.returncode != 0, out[-3000:]
+  assert [r["status"] for r in records] == ["failed"], out[-3000:]
+  record = records[0]
+  # the two tasks had joined as one run: they trained measured steps together
+  assert (record["launcher"], record["num_processes"]) == ("slurm", 2)
+  assert len(record["losses"]) >= 2
+
+
+def _wait_for_measured_steps_then_task_1(proc, slurm) -> int:
+  """Task 1's pid once its train has logged a measured step."""
+  deadline = time.monotonic() + RUN_TIMEOUT_S
+  seen = ""
+  while time.monotonic() < deadline:
+    line = proc.stdout.readline()
+    seen += line
+    if "step 2/" in line or "step 3/" in line:
+      for pid in slurm.pids():
+        environ = _environ(pid)
+        if environ.get("SLURM_PROCID") == "1" and "tf_tput.train" in _command(pid):
+          return pid
+    if not line and proc.poll() is not None:
+      break
+  raise AssertionError(f"no measured step seen: {seen[-3000:]}")
+
+
+def _environ(pid: int) -> dict:
+  try:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+      return dict(item.split("=", 1) for item in f.read().decode(errors="replace")
+                  .split("\0") if "=" in item)
+  except OSError:
+    return {}
