@@ -8,6 +8,10 @@ ships them too (tests/e2e/test_wheel_install.py builds and installs one).
 
 from setuptools import find_packages, setup
 
+ABSL = "absl-py>=2.0,<3"
+GIN = "gin-config>=0.5,<0.6"
+OPTAX = "optax>=0.2.4,<0.3"
+
 setup(
     name="tf_tput",
     version="0.1.0",
@@ -25,8 +29,8 @@ setup(
         # installing tf_tput (both packages provide the same `tensorflow` module).
         "tensorflow-cpu>=2.16,<2.22",
         "mesh-tensorflow==0.1.21",    # last release; tf_tput/compat makes it import
-        "gin-config>=0.5,<0.6",
-        "absl-py>=2.0,<3",
+        GIN,
+        ABSL,
         "numpy>=1.26,<3",
         # TensorFlow's and JAX's dtypes. 0.7.0 takes 0.5 s to import here (it adds its
         # ufunc loops one by one, each a linear search), 0.6.0 0.08 s; every TF or
@@ -39,7 +43,7 @@ setup(
     extras_require={
         # filelock: JAX locks its persistent compilation cache's entries with it, so
         # launched processes sharing the cache never read a half-written one.
-        "jax": ["jax>=0.4.35,<0.11", "optax>=0.2.4,<0.3", "filelock>=3.12,<5"],
+        "jax": ["jax>=0.4.35,<0.11", OPTAX, "filelock>=3.12,<5"],
         # The Ray micro-benchmark (actors + torch.distributed gloo). torch 2.13.0 is
         # the CPU build on these machines' disk; a plain `torch` pulls a CUDA build.
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],
@@ -50,7 +54,11 @@ setup(
         "compare": ["transformers>=5,<6", "torch==2.13.0"],
         # --system=pathways: JAX as a client of a Pathways on Cloud cluster. pathwaysutils
         # 0.1.13 (the version checked here, up to the connection) needs jax >= 0.10.
-        "pathways": ["pathwaysutils>=0.1.13,<0.2", "jax>=0.10,<0.11", "optax>=0.2.4,<0.3"],
+        "pathways": ["pathwaysutils>=0.1.13,<0.2", "jax>=0.10,<0.11", OPTAX],
+        # scripts/gpu.sh: what jax's and torch's runs need beside a GPU machine's own
+        # CUDA builds of jax and torch, all pure Python; it installs those missing,
+        # without their dependencies, so that nothing replaces those builds.
+        "gpu": [ABSL, GIN, OPTAX],
         # pytest-xdist: scripts/test.sh runs the suite in up to 4 workers.
         "test": ["pytest>=7,<9", "psutil>=5.9,<8", "pytest-xdist>=3.5,<4"],
     },
