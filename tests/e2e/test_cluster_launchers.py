@@ -1,9 +1,9 @@
 """Runs started by the launchers clusters use, each real, each leaving one record that
-says how it was started (docs/clusters.md): each system's own mechanism once (jax
-under srun and under mpirun, JAX's two detections; torch's env:// under torchrun;
-tf2's SlurmClusterResolver; mtf's chief and workers; Ray's Slurm recipe), and srun's
+says how it was started (docs/clusters.md): jax and torch under srun, mpirun and
+torchrun; tf2 (SlurmClusterResolver) and mtf (a chief and its workers) under srun,
+these four as one suite's steps under sbatch; ray by Ray's Slurm recipe; and srun's
 torch tasks, one killed mid-run. How each launcher's variables become a rank, a size
-and a coordinator, for every system, is tests/unit/test_launchers.py's.
+and a coordinator is tests/unit/test_launchers.py's.
 
 Slurm is the `slurm` fixture's (tests/slurm_cluster.py: one node, in a private
 network namespace, once per session); torchrun and mpirun run in that namespace too,
@@ -52,18 +52,20 @@ def _one_record(path, proc, launcher: str, num_processes: int) -> dict:
 JAX_FLAGS = ["--num_cpu_devices=1"]
 
 
-def test_mpirun_two_jax_ranks_are_one_run(slurm, tmp_path):
+@pytest.mark.parametrize("system, flags", [("jax", JAX_FLAGS), ("torch", [])])
+def test_mpirun_two_ranks_are_one_run(slurm, tmp_path, system, flags):
   path = tmp_path / "r.jsonl"
-  proc = _run(slurm.mpirun_command(2, [sys.executable, *_train("jax", path, *JAX_FLAGS)]),
+  proc = _run(slurm.mpirun_command(2, [sys.executable, *_train(system, path, *flags)]),
               slurm, tmp_path)
   record = _one_record(path, proc, "mpirun", 2)
-  assert record["job_id"] and record["num_devices"] == 2
+  assert record["job_id"] and record["num_devices"] == 2  # job_id: mpirun's job
 
 
-def test_torchrun_two_torch_workers_are_one_run(slurm, tmp_path):
+@pytest.mark.parametrize("system, flags", [("jax", JAX_FLAGS), ("torch", [])])
+def test_torchrun_two_workers_are_one_run(slurm, tmp_path, system, flags):
   path = tmp_path / "r.jsonl"
   torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-  proc = _run(slurm.exec_prefix() + torchrun + _train("torch", path), slurm, tmp_path)
+  proc = _run(slurm.exec_prefix() + torchrun + _train(system, path, *flags), slurm, tmp_path)
   record = _one_record(path, proc, "torchrun", 2)
   assert record["job_id"] and record["num_devices"] == 2  # job_id: torchrun's run id
 
