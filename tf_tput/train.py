@@ -406,8 +406,7 @@ def _drives_servers(system) -> bool:
   """Whether the system's one process drives worker servers (mtf
   --strategy=multi_worker): under a launcher of several processes (srun, a TF_CONFIG
   job) process 0 is that chief and the others serve it."""
-  return (FLAGS.strategy == "multi_worker" and not system.every_worker
-          and hasattr(system.runtime, "serve_worker"))
+  return FLAGS.strategy == "multi_worker" and systems.drives_worker_servers(system)
 
 
 def _serves(system) -> bool:
@@ -426,7 +425,7 @@ def _check_processes(system) -> None:
                      "for a cluster use tf_tput.launch --num_workers=N -- ... "
                      "--strategy=multi_worker" + (
                          ", or srun with --strategy=multi_worker (task 0 drives the "
-                         "others)" if hasattr(system.runtime, "serve_worker") else ""))
+                         "others)" if systems.drives_worker_servers(system) else ""))
   if num_processes > 1 and system.every_worker and FLAGS.strategy != "multi_worker":
     raise UsageError(f"--system={FLAGS.system} runs as several processes only as the "
                      "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")

@@ -172,7 +172,7 @@ def srun_prefix(run: Run) -> list:
     return [*SRUN, "--ntasks=1"]
   system = systems.load(run.flags["system"])
   if int(flags.get("devices_per_worker", 1)) > 1 or not (
-      system.every_worker or hasattr(system.runtime, "serve_worker")):
+      system.every_worker or systems.drives_worker_servers(system)):
     raise UsageError(f"{run.label}: --launcher=srun runs a worker server as one task "
                      "with one device, not --system="
                      f"{run.flags['system']}'s {flags['num_workers']} worker(s) of "

@@ -137,6 +137,13 @@ def load(name: str) -> System:
   return importlib.import_module(REGISTRY[name]).SYSTEM
 
 
+def drives_worker_servers(system: System) -> bool:
+  """Whether the system's one process drives TF worker servers under
+  --strategy=multi_worker (its runtime serves them: serve_worker), rather than every
+  worker running the program."""
+  return not system.every_worker and hasattr(system.runtime, "serve_worker")
+
+
 def able(attribute: str) -> list:
   """The registered systems whose `attribute` is true (non-empty), for messages."""
   return [name for name in REGISTRY if getattr(load(name), attribute)]
