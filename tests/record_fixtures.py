@@ -39,6 +39,7 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "model_flops_per_token": 1.5e6, "model_tflops_per_sec": 0.0015 if ok else None,
       "peak_flops_per_device": 1e11, "peak_source": "measured: test", "mfu": 0.25 if ok else None,
       "peak_host_memory_bytes": 1 << 30, "device_memory_bytes": None,
+      "steps_measured": 1 if ok else 0, "window_s": [0.5] if ok else [], "signal": None,
       "losses": [6.0, 5.0] if ok else [], "final_loss": 5.0 if ok else None,
       "config": "ModelConfig.name = 'x'", "flags": {"system": system}, "env": ENV,
       "git_commit": "0123456789abcdef", "run_key": f"key-{run_id}",

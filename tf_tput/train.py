@@ -20,7 +20,7 @@ from absl import logging
 from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, keys, provenance, results
-from tf_tput.runtime import host_memory, islands, topology as topology_lib
+from tf_tput.runtime import host_memory, islands, topology as topology_lib, watchdog
 from tf_tput.errors import UsageError
 
 
@@ -85,6 +85,13 @@ flags.DEFINE_bool("reprobe_peak", False, "Measure this CPU's matmul peak (MFU's 
                   "denominator) again, and keep the new one, instead of the probe kept "
                   "in $XDG_CACHE_HOME/tf_tput/peaks.json (~/.cache/tf_tput/ without "
                   "XDG_CACHE_HOME) for this CPU, framework version and dtype.")
+flags.DEFINE_float("step_timeout_s", None, "End the run as failed, naming the step, "
+                   "when a window of the measured loop (sync_every steps) after the "
+                   "first has not completed after this many seconds: a hung collective "
+                   f"or a stopped peer. The first window, which compiles, gets "
+                   f"{watchdog.FIRST_WINDOW_S:g} s (or this, if longer). Unset: "
+                   f"{watchdog.FACTOR:g} times the slowest window so far, at least "
+                   f"{watchdog.FLOOR_S:g} s.")
 flags.DEFINE_bool("keep_freed_memory", True, "Keep freed host memory for reuse (glibc's "
                   "malloc: no mmap, no trim) so a step's temporaries do not fault in "
                   "fresh pages every step; --nokeep_freed_memory leaves the libc's "
@@ -96,7 +103,7 @@ FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warm
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
              "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
-             "compilation_cache_dir", "reprobe_peak", "keep_freed_memory")
+             "compilation_cache_dir", "reprobe_peak", "keep_freed_memory", "step_timeout_s")
 
 
 def _bindings() -> list:
@@ -128,6 +135,16 @@ class Outcome:
   # Where the trainer placed its workers, when it says (its optional `nodes`); else
   # the topology's (the record's nodes).
   nodes: tuple = ()
+  # How the run ended when a signal or the watchdog ended it (runtime/watchdog.py).
+  ending: Optional[watchdog.Ending] = None
+
+
+def _status(outcome: Outcome) -> tuple:
+  """The record's (status, error): an ending's, a failure seen after it appended."""
+  error, ending = outcome.measurement.error, outcome.ending
+  if ending is None:
+    return ("failed" if error else "ok"), error
+  return ending.status, ending.error + (f"; then {error}" if error else "")
 
 
 def _run_key() -> str:
@@ -147,6 +164,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
   m, d, t = experiment.model, experiment.data, experiment.train
   measurement = outcome.measurement
   losses = measurement.losses
+  status, error = _status(outcome)
   return build.record(results.SCHEMA, {
       "system": FLAGS.system,
       "strategy": topology.strategy,
@@ -167,13 +185,15 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "compilation_cache": outcome.compilation_cache,
       **summary,
       "peak_source": peak_source, "device_memory_bytes": outcome.device_memory_bytes,
+      "steps_measured": len(measurement.tokens),
+      "window_s": measurement.window_durations,
+      "signal": outcome.ending.signal if outcome.ending else None,
       "losses": losses, "final_loss": losses[-1] if losses else None,
       "config": experiment.operative_config,
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
       "run_key": run_key,
-  }, topology.describe(), systems.distributions(),
-      status="failed" if measurement.error else "ok",
-      error=measurement.error, run_id=run_id, started_at=started_at)
+  }, topology.describe(), systems.distributions(), status=status, error=error,
+      run_id=run_id, started_at=started_at)
 
 
 def _launch_fields() -> dict:
@@ -450,12 +470,13 @@ def _resolve_devices(system, experiment, tpu_address):
 
 
 def _train(system, experiment, topology, writes_record: bool, run_id: str,
-           outcome: Outcome, startup_origin: float) -> Outcome:
+           outcome: Outcome, startup_origin: float, guard: watchdog.Watchdog) -> Outcome:
   """Builds the batches and the trainer and runs the shared measured loop, filling
   `outcome` as it goes (its stage says how far it got); a build failure or a failed
   step is recorded in the measurement, not raised; anything else is raised, and run()
   records it under the stage. build_s runs from startup_origin (loop.CLOCK) to the
-  built trainer."""
+  built trainer. The loop fills outcome.measurement, which `guard` watches, and stops
+  when a signal asks it to."""
   outcome.stage = "batches"
   batches = data.batches(experiment)  # built (synthetic) or prefetching (tfds) now
   writer = None
@@ -485,12 +506,16 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
     try:
       outcome.num_params = trainer.num_params
       outcome.analytic_link_bytes = getattr(trainer, "analytic_link_bytes_per_step", None)
-      outcome.measurement = loop.run(
-          trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
-          on_step=writer.write if writer else None, sync_every=t.sync_every,
-          timer=outcome.link_timer, build_s=build_s)
+      guard.watch(outcome.measurement)
+      try:
+        loop.run(trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
+                 on_step=writer.write if writer else None, sync_every=t.sync_every,
+                 timer=outcome.link_timer, build_s=build_s,
+                 should_stop=guard.should_stop, measurement=outcome.measurement)
+      finally:
+        guard.watch(None)  # what follows the loop is no window
       outcome.device_memory_bytes = trainer.device_memory_bytes()
-      if FLAGS.trace_dir and not outcome.measurement.error:
+      if FLAGS.trace_dir and not outcome.measurement.error and not guard.should_stop():
         outcome.stage = "trace"
         _trace_one_step(trainer, batches, run_id)
     finally:
@@ -508,7 +533,7 @@ def _report(record: dict, malformed: list) -> int:
   line = results.append(FLAGS.results, record)
   print("\n".join(_summary_lines(record, FLAGS.results, line)), flush=True)
   if record["error"]:
-    print(f"error: run failed: {record['error']}", file=sys.stderr)
+    print(f"error: run {record['status']}: {record['error']}", file=sys.stderr)
     return 1
   if malformed:
     lines = ", ".join(str(number) for number, _ in malformed)
@@ -561,7 +586,8 @@ def run() -> int:
                  topology_lib.launched().launcher)
     return system.runtime.serve_worker(FLAGS.cluster_timeout_s)
   run_key = _run_key()
-  writes_record = topology_lib.launched_processes()[1] == 0  # process 0 speaks for all
+  process_id = topology_lib.launched_processes()[1]
+  writes_record = process_id == 0  # process 0 speaks for all
   started_at, run_id = build.utc_now(), build.new_run_id()
   t = experiment.train
 
@@ -583,60 +609,95 @@ def run() -> int:
   except ValueError as e:
     raise UsageError(f"this run's record would not be valid ({e}); fix the bindings or "
                      "flags it names") from None
-  # From here on every failure ends in a record (process 0's), status failed.
+  # From here on every ending is a record (process 0's): ok, failed, or interrupted by
+  # a signal; a hung step is failed (runtime/watchdog.py).
   outcome = new_outcome()
-  try:
-    if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
-      system.runtime.compilation_cache(cache_dir)
-    topology = _resolve_devices(system, experiment, tpu_address)
-    logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
-                 experiment.model.name, system.name, topology.num_devices,
-                 topology.platform, topology.num_processes)
-    # Only the writer measures the peak, the others waiting: they share this host's
-    # cores.
-    outcome.stage = "peak probe"
-    probe_started = loop.CLOCK()
-    store = _peak_store(system)
-    peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
-                                             experiment.model.activation_dtype,
-                                             probes=writes_record, store=store)
-    probe_s = loop.CLOCK() - probe_started  # the harness's matmul: not startup
-    _train(system, experiment, topology, writes_record, run_id, outcome,
-           startup_origin=run_started + probe_s)
-    if writes_record and not outcome.measurement.error:  # a failed run's goes as it is
-      outcome.stage = "peak probe after the run"
-      peak, peak_source = peak_lib.reprobed(system.runtime, topology,
-                                            experiment.model.activation_dtype,
-                                            (peak, peak_source), store)
-  except Exception as e:  # noqa: BLE001: a failure after the check is a recorded run
-    # A usage error or a timeout says all in its message; anything else gets its stack.
-    logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
-                  exc_info=not isinstance(e, (UsageError, TimeoutError)))
-    _failed(outcome, f"{outcome.stage}: {errors.cause(e)}")
-  outcome.compilation_cache = _cache_state(system, cache_dir)
-  if not writes_record:
-    return 1 if outcome.measurement.error else 0
+
+  def finish(ending: Optional[watchdog.Ending], from_thread: bool = False) -> int:
+    """Process 0 appends the record; the exit code. from_thread: the watchdog's
+    thread ends the run, the main thread still running: a snapshot of its outcome."""
+    done = outcome
+    if from_thread:
+      done = dataclasses.replace(outcome, measurement=outcome.measurement.snapshot())
+    done.ending = ending
+    done.compilation_cache = _cache_state(system, cache_dir)
+    if not writes_record:
+      return ending.exit_code if ending else (1 if done.measurement.error else 0)
+    return _write(done, lambda o, *rest: record(topology, o, *rest), peak, peak_source,
+                  new_outcome, run_id, malformed)
+
+  guard = watchdog.Watchdog(finish, FLAGS.step_timeout_s, process_id, where=lambda:
+                            watchdog.progress(outcome.measurement.snapshot(),
+                                              outcome.stage)).install()
   try:
     try:
-      final = build.valid_record(record(topology, outcome, peak, peak_source))
+      if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
+        system.runtime.compilation_cache(cache_dir)
+      topology = _resolve_devices(system, experiment, tpu_address)
+      guard.take_signals()  # back from jax.distributed's preemption notifier
+      logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
+                   experiment.model.name, system.name, topology.num_devices,
+                   topology.platform, topology.num_processes)
+      # Only the writer measures the peak, the others waiting: they share this host's
+      # cores.
+      outcome.stage = "peak probe"
+      probe_started = loop.CLOCK()
+      store = _peak_store(system)
+      peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
+                                               experiment.model.activation_dtype,
+                                               probes=writes_record, store=store)
+      probe_s = loop.CLOCK() - probe_started  # the harness's matmul: not startup
+      _train(system, experiment, topology, writes_record, run_id, outcome,
+             startup_origin=run_started + probe_s, guard=guard)
+      if writes_record and not outcome.measurement.error and not guard.should_stop():
+        outcome.stage = "peak probe after the run"  # a failed run's goes as it is
+        peak, peak_source = peak_lib.reprobed(system.runtime, topology,
+                                              experiment.model.activation_dtype,
+                                              (peak, peak_source), store)
+    except Exception as e:  # noqa: BLE001: a failure after the check is a recorded run
+      # A usage error or a timeout says all in its message; anything else gets its stack.
+      logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
+                    exc_info=not isinstance(e, (UsageError, TimeoutError)))
+      _failed(outcome, f"{outcome.stage}: {errors.cause(e)}")
+    guard.watch(None)
+    ending = None
+    if guard.signum is not None:
+      ending = watchdog.interrupted(guard.signum, watchdog.progress(outcome.measurement,
+                                                                    outcome.stage))
+    if not guard.claim():
+      guard.wait_for_the_thread()
+    return finish(ending)
+  finally:
+    guard.close()
+
+
+def _write(outcome: Outcome, record, peak, peak_source, new_outcome, run_id: str,
+           malformed: list) -> int:
+  """Appends the run's record and prints its summary; the exit code. record(outcome,
+  peak, peak_source) builds it; where it cannot be, a record of the failure alone."""
+  try:
+    try:
+      final = build.valid_record(record(outcome, peak, peak_source))
     except Exception as e:  # noqa: BLE001: the measurement must still reach a record
       logging.exception("building the record failed")
       _failed(outcome, f"record: {errors.cause(e)}")
-      final = build.valid_record(record(topology, new_outcome(outcome.measurement.error),
-                                   None, UNPROBED))
+      bare = new_outcome(outcome.measurement.error)
+      bare.ending = outcome.ending
+      final = build.valid_record(record(bare, None, UNPROBED))
   except Exception as e:  # noqa: BLE001: no record can be made; say so, in one line
     logging.exception("the record of run %s cannot be made", run_id)
-    print(f"error: run {run_id} ended ({outcome.measurement.error or 'ok'}) but its record "
+    print(f"error: run {run_id} ended ({_status(outcome)[1] or 'ok'}) but its record "
           f"cannot be made ({errors.cause(e)}); nothing was appended to --results="
           f"{FLAGS.results}", file=sys.stderr)
-    return 1
+    return outcome.ending.exit_code if outcome.ending else 1
   try:
-    return _report(final, malformed)
+    code = _report(final, malformed)
   except OSError as e:  # the append itself, undone: the record goes elsewhere
     print(f"error: the record of run {run_id} (status {final['status']}) could not be "
           f"appended to --results={FLAGS.results} ({errors.cause(e)}), which is left as "
           f"it was; the record is in {results.keep_aside(final)}", file=sys.stderr)
-    return 1
+    code = 1
+  return outcome.ending.exit_code if outcome.ending else code
 
 
 def main(argv) -> int:

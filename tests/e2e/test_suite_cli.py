@@ -1,6 +1,7 @@
 """tf_tput.suite end to end: real child runs, a failure, resuming, Ctrl-C, bad input."""
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -72,11 +73,12 @@ def test_failure_is_named_the_suite_goes_on_and_a_resume_reruns_nothing_that_suc
   assert "running" not in proc.stdout and out.read_text() == before
 
 
-def test_ctrl_c_stops_the_child_and_the_suite(tmp_path, no_leftover_processes):
+def test_ctrl_c_stops_the_child_which_records_what_it_measured(tmp_path,
+                                                               no_leftover_processes):
   suite = tmp_path / "long.gin"
   suite.write_text("Suite.name = 'long'\nSuite.matrices = [@TrainMatrix()]\n"
-                   "TrainMatrix.models = ['t5_small']\nTrainMatrix.systems = ['mtf']\n"
-                   "TrainMatrix.steps = 1000\n")
+                   "TrainMatrix.models = ['t5_tiny']\nTrainMatrix.systems = ['jax']\n"
+                   "TrainMatrix.steps = 1000000\n")
   out = tmp_path / "long.jsonl"
   env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
   proc = subprocess.Popen([sys.executable, "-m", "tf_tput.suite", f"--suite={suite}",
@@ -84,8 +86,12 @@ def test_ctrl_c_stops_the_child_and_the_suite(tmp_path, no_leftover_processes):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     assert "to run" in proc.stdout.readline()
-    assert "running" in proc.stdout.readline()
-    time.sleep(5)  # the child is importing TensorFlow or building the graph
+    running = proc.stdout.readline()
+    log = pathlib.Path(running.split("(log ")[1].rstrip(")\n"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        log.exists() and "step 10/" in log.read_text()):
+      time.sleep(0.2)  # until the child measures
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
   finally:
@@ -93,8 +99,10 @@ def test_ctrl_c_stops_the_child_and_the_suite(tmp_path, no_leftover_processes):
       proc.kill()
       proc.wait()
   assert proc.returncode == 130, stderr[-2000:]
-  assert len(error_lines(stderr)) == 1 and "interrupted" in stderr
-  assert not out.exists() or _records(out) == []
+  assert len(error_lines(stderr)) == 1 and "interrupted by SIGINT" in stderr
+  [record] = _records(out)
+  assert record["status"] == "interrupted" and record["signal"] == "SIGTERM"
+  assert record["steps_measured"] >= 10 and record["tokens_per_sec"] > 0
 
 
 def test_bad_suite_input_is_one_error_line(tmp_path):

@@ -354,3 +354,25 @@ def test_a_failed_first_step_keeps_build_s_and_a_later_failure_first_step_s():
   m = loop.run(FakeTrainer(fail_at=1), make_batches(), steps=4, warmup_steps=2,
                timer=loop.StepTimer(clock=scripted_clock(STARTED + TIMES)))
   assert m.first_step_s == TIMES[0] - STARTED[0] and m.warmup_s is None
+
+
+def test_should_stop_ends_the_loop_before_the_next_window_keeping_the_ones_done():
+  trainer = FakeTrainer()
+  m = loop.Measurement()
+  asked = iter([False] * 5 + [True])  # before any compile, then before each window
+  result = loop.run(trainer, make_batches(), steps=10, warmup_steps=1,
+                    timer=loop.StepTimer(scripted_clock(range(100))),
+                    should_stop=lambda: next(asked), measurement=m)
+  assert result is m and m.error is None  # filled in place: another thread reads it
+  assert len(trainer.batches) == 4 and m.steps_completed == 4
+  assert len(m.tokens) == 3 and m.window_durations == [1.0, 1.0, 1.0]
+  assert m.loop_started == 0
+
+
+def test_a_snapshot_holds_only_the_completed_windows():
+  m = loop.Measurement(losses=[5.0, 4.0, 3.0, 2.0], completion_times=[1.0, 2.0, 3.0],
+                       tokens=[8, 8, 8], padded_tokens=[8, 8, 8], warmup_steps=1)
+  snap = m.snapshot()  # the fourth step's loss is in, its window's mark not yet
+  assert snap.losses == [5.0, 4.0, 3.0] and snap.tokens == [8, 8]
+  m.completion_times.append(4.0)
+  assert snap.completion_times == [1.0, 2.0, 3.0]  # a copy

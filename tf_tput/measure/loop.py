@@ -42,6 +42,9 @@ class Measurement:
   compile_s: Optional[float] = None      # trainer.compile(first batch)
   first_step_s: Optional[float] = None   # compile_s + the first step, its loss on the host
   warmup_s: Optional[float] = None       # compile_s + every warmup window
+  # CLOCK when the loop began: the origin of the first window (the watchdog's, for a
+  # run that has not completed one; runtime/watchdog.py).
+  loop_started: Optional[float] = None
 
   @property
   def steps_completed(self) -> int:
@@ -62,6 +65,22 @@ class Measurement:
   def measured_seconds(self) -> float:
     times = self._measured_times
     return times[-1] - times[0] if len(times) > 1 else 0.0
+
+  @property
+  def window_durations(self) -> list:
+    """Seconds of each measured window, in order (the record's window_s)."""
+    times = self._measured_times
+    return [b - a for a, b in zip(times, times[1:])]
+
+  def snapshot(self) -> "Measurement":
+    """A copy holding the completed windows only, consistent while the loop goes on in
+    another thread (the watchdog records a run whose loop cannot return)."""
+    times = list(self.completion_times)
+    done = len(times) * self.sync_every
+    return dataclasses.replace(
+        self, completion_times=times, losses=list(self.losses[:done]),
+        tokens=list(self.tokens[:max(0, done - self.warmup_steps)]),
+        padded_tokens=list(self.padded_tokens[:max(0, done - self.warmup_steps)]))
 
 
 # The one clock of a run: steps, startup and train's build time.
@@ -117,7 +136,9 @@ class ProbedTimer(StepTimer):
 def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
         log_every: int = 10, on_step: Optional[Callable[[int, dict], None]] = None,
         timer: Optional[StepTimer] = None, sync_every: int = 1,
-        build_s: Optional[float] = None) -> Measurement:
+        build_s: Optional[float] = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        measurement: Optional[Measurement] = None) -> Measurement:
   """Runs warmup_steps + steps optimizer steps; returns what was measured.
 
   warmup_steps and steps are multiples of sync_every (config.validate checks it).
@@ -131,19 +152,22 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
   A trainer with `compile(batch)` compiles its step for the first batch before the
   first dispatch, timed as compile_s (and inside first_step_s and warmup_s); a
   failure there is step 0's. build_s (train's) is kept in the measurement as given.
+  should_stop() is asked before each window: True ends the loop there, the windows so
+  far kept (a signal asked the run to end; the caller knows which). The loop fills
+  `measurement` when given (another thread may read it as it grows: snapshot()).
   """
   timer = timer or StepTimer()
   dispatch = getattr(trainer, "dispatch", None)
-  m = Measurement(warmup_steps=warmup_steps, completion_times=timer.times,
-                  sync_every=sync_every, synchronous_step=dispatch is None,
-                  build_s=build_s)
+  m = measurement or Measurement()
+  m.warmup_steps, m.completion_times, m.sync_every = warmup_steps, timer.times, sync_every
+  m.synchronous_step, m.build_s = dispatch is None, build_s
   scalars = []  # (step, scalars), written after the loop
   try:
-    started = timer.now()
-    batches = _compiled(trainer, batches, m, timer, started)
+    started = m.loop_started = timer.now()
+    batches = None if should_stop() else _compiled(trainer, batches, m, timer, started)
     if batches is not None:
       _windows(trainer, dispatch, batches, warmup_steps + steps, m, timer, log_every,
-               scalars, started)
+               scalars, started, should_stop)
   finally:
     if on_step:
       for step, values in scalars:
@@ -171,9 +195,12 @@ def _compiled(trainer, batches, m, timer, started):
 
 
 def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
-             started) -> None:
+             started, should_stop) -> None:
   k, warmup_steps = m.sync_every, m.warmup_steps
   for first in range(0, total, k):
+    if should_stop():
+      logging.info("stopping before step %d, as asked", first)
+      return
     pending, counts = [], []
     step = first
     try:

@@ -3,6 +3,10 @@
 Records are only appended, never rewritten: one line under an exclusive lock, so a
 crash cannot corrupt earlier lines; a write that fails part-way is cut back off, and a
 line left without its newline by an earlier crash is closed before the next record.
+The lock is fcntl's (POSIX, which NFS clients carry to the server), and the line goes
+at the end the lock holder reads, not through O_APPEND: on NFS, O_APPEND is not atomic
+across hosts, so tasks of a job array appending to one file on a shared filesystem
+would otherwise overwrite each other's lines.
 """
 
 import fcntl
@@ -65,6 +69,10 @@ FIELDS = {
     "model_flops_per_token": _NUM, "model_tflops_per_sec": _OPT_NUM,
     "peak_flops_per_device": _OPT_NUM, "peak_source": str, "mfu": _OPT_NUM,
     "peak_host_memory_bytes": (int, type(None)), "device_memory_bytes": (int, type(None)),
+    # The measured steps completed (fewer than steps when the run did not finish), the
+    # seconds of each measured window (sync_every steps), and the signal that ended an
+    # interrupted run (SIGTERM, SIGINT, SIGHUP; else None).
+    "steps_measured": int, "window_s": list, "signal": _OPT_STR,
     "losses": list, "final_loss": _OPT_NUM, "config": str, "flags": dict, "env": dict,
     "git_commit": _OPT_STR,
     "run_key": str,  # tf_tput.records.keys.run_key: what a suite resumes by
@@ -74,7 +82,9 @@ STEP_TIME_KEYS = ("median", "mean", "p10", "p90", "min", "max")
 # libraries (System.distributions: tensorflow, mesh_tensorflow, jax, ...; None when
 # not installed), which records of a system added later lack.
 ENV_KEYS = ("python", "numpy", "platform", "cpu", "accelerators")
-STATUSES = ("ok", "failed")
+# interrupted: a signal ended the run (runtime/watchdog.py); what it measured is kept,
+# never counted as a result.
+STATUSES = ("ok", "failed", "interrupted")
 COMPILATION_CACHE = ("hit", "miss", "off")  # and None: the system's runtime has none
 
 # Dispatch micro-benchmark records (tf_tput.micro); computations counted per repeat.
@@ -104,7 +114,7 @@ LATER_FIELDS = {
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
              "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
              "warmup_s", "compilation_cache", "variant", "caveat", "nodes",
-             "num_nodes", "launcher", "job_id"),
+             "num_nodes", "launcher", "job_id", "steps_measured", "window_s", "signal"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 
@@ -169,7 +179,7 @@ def check_appendable(path: str) -> list:
   try:
     p.parent.mkdir(parents=True, exist_ok=True)
     try:
-      fd = os.open(p, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: never makes the file
+      fd = os.open(p, os.O_RDWR)  # as append() opens it; no O_CREAT: never makes the file
       os.close(fd)
     except FileNotFoundError:
       with tempfile.NamedTemporaryFile(dir=p.parent, prefix=f".{p.name}.check-"):
@@ -186,14 +196,14 @@ def append(path: str, record: dict) -> int:
   leaves the file as it was, then raises: never a torn last line."""
   validate(record)
   line = _line(record)
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    with open(path, "rb") as f:
-      existing = f.read()
+    fcntl.lockf(fd, fcntl.LOCK_EX)  # taking it revalidates an NFS client's cache
+    size = os.fstat(fd).st_size
+    existing = os.pread(fd, size, 0)
     if existing and not existing.endswith(b"\n"):
       line = b"\n" + line  # close a line a crash left open; it stays malformed
-    _write_whole(fd, line, size_before=len(existing))
+    _write_whole(fd, line, size_before=size)
   finally:
     os.close(fd)  # releases the lock
   return existing.count(b"\n") + line.count(b"\n")
@@ -211,7 +221,7 @@ def _write_whole(fd: int, data: bytes, size_before: int) -> None:
   try:
     written = 0
     while written < len(data):
-      written += os.write(fd, data[written:])
+      written += os.pwrite(fd, data[written:], size_before + written)
     os.fsync(fd)
   except BaseException:
     os.ftruncate(fd, size_before)

@@ -13,10 +13,12 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 # Set for each process launch() starts, and for the command run_with_servers() drives
@@ -24,6 +26,9 @@ import time
 COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
 NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
 PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
+# Where launch()'s processes keep their heartbeats (runtime/watchdog.py reads it): a
+# hung run's record can then name the process that stopped answering.
+HEARTBEAT_DIR_ENV = "TF_TPUT_HEARTBEAT_DIR"
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)
@@ -172,12 +177,16 @@ def launch(command: list, num_processes: int, grace_s: float,
   host = network.islands[0].address if network and network.islands else "127.0.0.1"
   coordinator = f"{host}:{free_loopback_port()}"  # a namespace's ports are all free
   procs = []
+  heartbeats = tempfile.mkdtemp(prefix="tf_tput-heartbeats-")
   with recording_signals() as interrupted:
     try:
       return _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                         coordinator, procs, interrupted, network, env_of)
+                         coordinator, procs, interrupted, network,
+                         lambda i: {HEARTBEAT_DIR_ENV: heartbeats,
+                                    **(env_of(i) if env_of else {})})
     finally:
       stop(procs, grace_s)  # no orphans, whatever happened
+      shutil.rmtree(heartbeats, ignore_errors=True)
 
 
 def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,

@@ -8,7 +8,9 @@ child process (a crash, a leak or a hung framework cannot affect the next run), 
 output in a log file. A run whose key (tf_tput/suite/__init__.py) already has a
 finished record in --results is skipped, so rerunning the same command resumes. A run
 that fails is said on the console and in the summary, and the suite goes on; Ctrl-C
-stops the running child and the suite, keeping every record written so far.
+(or SIGTERM, SIGHUP) stops the running child, which records what it measured as
+interrupted, and the suite, keeping every record written so far; a resume reruns the
+interrupted run.
 """
 
 import os
@@ -26,6 +28,7 @@ from tf_tput import REPO_ROOT, errors
 from tf_tput.records import results
 from tf_tput.runtime import processes, topology
 from tf_tput import suite as suites
+from tf_tput.suite import shares
 from tf_tput.errors import UsageError
 
 FLAGS = flags.FLAGS
@@ -47,6 +50,12 @@ flags.DEFINE_enum("launcher", suites.LAUNCHERS[0], suites.LAUNCHERS, "How train 
                   "workers), or srun: each run a job step of the Slurm job the suite "
                   "runs in, its processes (or its chief and workers) the step's tasks "
                   "(scripts/slurm/suite.sbatch; docs/clusters.md).")
+flags.DEFINE_enum("share", shares.SHARES[0], shares.SHARES, "Which of the suite's runs "
+                  "this process runs: all, or slurm_array: this Slurm array task's "
+                  "share, every Nth run from its index in an array of N tasks "
+                  "(scripts/slurm/suite.sbatch passes it under sbatch --array). In an "
+                  "array job every task claims its runs first (a claims directory "
+                  "beside --results), and a run another live task holds is refused.")
 flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
 
 LOG_TAIL_LINES = 5
@@ -78,12 +87,16 @@ def time_left(remaining: list, durations: dict) -> str:
 
 
 class _Terminated(Exception):
-  """SIGTERM to the suite: stop the child as for Ctrl-C."""
+  """SIGTERM or SIGHUP to the suite: stop the child as for Ctrl-C."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-  del signum, frame
-  raise _Terminated
+def _on_signal(signum, frame):
+  del frame
+  raise _Terminated(signum)
 
 
 def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
@@ -115,8 +128,8 @@ def _outcome(ending: str, new_records: list, log_path) -> tuple:
     return "died", (f"{ending}, no record written; log {log_path}: "
                     f"{processes.log_tail(log_path, LOG_TAIL_LINES, '(empty log)')}")
   record = new_records[-1]
-  if record["status"] == "failed":
-    return "failed", f"failed ({ending}), recorded: {record['error']}"
+  if record["status"] in ("failed", "interrupted"):
+    return record["status"], f"{record['status']} ({ending}), recorded: {record['error']}"
   if record["schema"] == results.SCHEMA:
     return record["status"], f"ok, {record['tokens_per_sec']:,.0f} tokens/s"
   if record["status"] == "ok":
@@ -153,6 +166,13 @@ def run() -> int:
     raise UsageError("--launcher=srun runs each run as a job step of the Slurm job the "
                      "suite runs in, and this process is in none; submit it with sbatch "
                      "(scripts/slurm/suite.sbatch) or run it inside salloc")
+  task = shares.array_task()
+  if FLAGS.share == "slurm_array":
+    if task is None:
+      raise UsageError("--share=slurm_array runs this Slurm array task's share of the "
+                       "suite, and this process is in no array job; submit it with "
+                       "sbatch --array=0-N scripts/slurm/suite.sbatch")
+    runs = shares.share(runs, task, suite.name)
   if FLAGS.dry_run:
     return dry_run(runs)
 
@@ -170,12 +190,18 @@ def run() -> int:
 
   done = suites.done_keys(results.read(results_path)[0])
   todo = [r for r in runs if r.key not in done]
-  print(f"suite {suite.name}: {len(runs)} run(s), {len(runs) - len(todo)} already "
+  claims = None
+  if task is not None:  # other tasks of the array may be given the same runs
+    claims = shares.Claims(re.sub(r"\.jsonl$", "", results_path) + ".claims", task)
+    claims.claim_all(todo)
+  whose = (f" (array task {task.name}, {task.index + 1} of {task.count}: "
+           f"share {FLAGS.share})" if task else "")
+  print(f"suite {suite.name}{whose}: {len(runs)} run(s), {len(runs) - len(todo)} already "
         f"done in {results_path} (skipped), {len(todo)} to run; logs in {logs_dir}/",
         flush=True)
   durations, failures, finished = {}, [], 0
   started = time.monotonic()
-  previous = signal.signal(signal.SIGTERM, _on_sigterm)
+  previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
   try:
     for index, r in enumerate(todo, start=1):
       position = f"[{index}/{len(todo)}] {r.label}"
@@ -189,18 +215,23 @@ def run() -> int:
       new = [rec for rec in results.read(results_path)[0]
              if rec["run_id"] not in seen and suites.record_key(rec) == r.key]
       status, line = _outcome(ending, new, log_path)
+      if claims is not None:
+        claims.release(r)  # ended: a later submission may retry it
       finished += 1
-      if status in ("failed", "died"):
+      if status in ("failed", "died", "interrupted"):
         failures.append(f"{r.label}: {line}")
       print(f"{position}: {line} in {_duration(durations[r.group][-1])} | "
             f"{index}/{len(todo)} done, {time_left(todo[index:], durations)}", flush=True)
-  except (KeyboardInterrupt, _Terminated):
-    print(f"error: interrupted; stopped the running child; {finished} of {len(todo)} "
-          f"run(s) finished, records kept in {results_path}; rerun the same command to "
-          "resume", file=sys.stderr)
-    return 130
+  except (KeyboardInterrupt, _Terminated) as e:
+    signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
+    print(f"error: interrupted by {signal.Signals(signum).name}; stopped the running "
+          f"child, which records what it measured as interrupted; {finished} of "
+          f"{len(todo)} run(s) finished, records kept in {results_path}; rerun the same "
+          "command to resume", file=sys.stderr)
+    return 128 + signum
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
   print(f"suite {suite.name}: {finished} run(s) finished, {len(failures)} of them "
         f"failed, {len(runs) - len(todo)} skipped as already done; took "
         f"{_duration(time.monotonic() - started)}; records in {results_path}")

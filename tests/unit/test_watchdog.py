@@ -1,0 +1,31 @@
+"""tf_tput/runtime/watchdog.py: the bound on a window and the words of an ending (the
+signals and the hung steps themselves: tests/e2e/test_interrupted_runs.py)."""
+
+import signal
+
+from tf_tput.measure import loop
+from tf_tput.runtime import watchdog
+
+
+def test_the_first_window_compiles_and_gets_an_hour_unless_the_flag_gives_more():
+  assert watchdog.window_bound([], None) == watchdog.FIRST_WINDOW_S
+  assert watchdog.window_bound([], 10.0) == watchdog.FIRST_WINDOW_S
+  assert watchdog.window_bound([], 7200.0) == 7200.0
+
+
+def test_later_windows_get_the_flag_else_a_multiple_of_the_slowest_after_the_first():
+  assert watchdog.window_bound([120.0, 0.5], 10.0) == 10.0
+  assert watchdog.window_bound([120.0, 0.5, 30.0], None) == watchdog.FACTOR * 30.0
+  assert watchdog.window_bound([120.0, 0.5], None) == watchdog.FLOOR_S  # the floor
+  assert watchdog.window_bound([40.0], None) == watchdog.FACTOR * 40.0  # only the first
+
+
+def test_an_interrupted_ending_names_the_signal_and_how_far_the_run_got():
+  m = loop.Measurement(losses=[3.0, 2.0, 1.0], tokens=[8, 8], warmup_steps=1)
+  ending = watchdog.interrupted(signal.SIGTERM, watchdog.progress(m, "train"))
+  assert ending.status == "interrupted" and ending.signal == "SIGTERM"
+  assert ending.exit_code == 143
+  assert ending.error == "SIGTERM after 3 step(s), 2 of them measured"
+  before = watchdog.progress(loop.Measurement(), "build")
+  assert watchdog.interrupted(signal.SIGHUP, before).error == (
+      "SIGHUP in its build, before any step")
