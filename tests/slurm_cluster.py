@@ -269,9 +269,20 @@ PartitionName=test Nodes={self.node} Default=YES OverSubscribe=YES MaxTime=INFIN
     code, sig = (int(n) for n in self.job(job_id)["ExitCode"].split(":"))
     return (-sig if sig else code), state
 
+  def requeue(self, job: str) -> None:
+    """Stops a running job as a preemption does (SIGTERM, SIGKILL after KillWait) and
+    queues it again, eligible at once."""
+    self._run(["scontrol", "requeue", job])
+    self._wait(lambda: self.job(job).get("JobState") == "PENDING", 30, f"{job} requeued")
+    self._run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+
+  def cancel(self, job) -> None:
+    self._run(["scancel", str(job)], check=False)
+
   def jobs(self) -> list:
-    """Ids of the jobs still pending, running or completing."""
-    return [int(i) for i in self._run(["squeue", "-h", "-o", "%i"]).split()]
+    """Ids of the jobs still pending, running or completing (an array's task as
+    JOB_TASK)."""
+    return self._run(["squeue", "-h", "-o", "%i"]).split()
 
   def pids(self) -> list:
     """The daemons' pids and every other process inside the namespace."""

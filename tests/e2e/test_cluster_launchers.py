@@ -19,6 +19,7 @@ import time
 import pytest
 
 import tf_tput
+from tf_tput import suite as suites
 from tf_tput.records import results
 
 REPO = tf_tput.REPO_ROOT
@@ -158,3 +159,80 @@ def _environ(pid: int) -> dict:
                   .split("\0") if "=" in item)
   except OSError:
     return {}
+
+
+# A suite of 4 quick one-process runs, each long enough to be stopped mid-measurement.
+ARRAY_SUITE = ("Suite.name = 'array'\nSuite.matrices = [@TrainMatrix()]\n"
+               "TrainMatrix.models = ['decoder_tiny']\nTrainMatrix.systems = ['jax']\n"
+               "TrainMatrix.global_batches = [2, 4, 6, 8]\nTrainMatrix.steps = 300\n"
+               "TrainMatrix.warmup_steps = 1\nTrainMatrix.num_cpu_devices = 1\n"
+               "TrainMatrix.gin_params = ['DataConfig.targets_length = 16']\n")
+
+
+def test_a_suite_as_a_job_array_runs_each_run_once_and_a_requeued_task_resumes(
+    slurm, tmp_path):
+  """sbatch --array=0-2 scripts/slurm/suite.sbatch: 3 tasks share 4 runs (task 0 the
+  first and the fourth) through one results file; task 0, requeued mid-run (SIGTERM,
+  as a preemption), records that run as interrupted and, started again, runs it and
+  its other run. Every run then has exactly one ok record."""
+  suite, path = tmp_path / "array.gin", tmp_path / "r.jsonl"
+  suite.write_text(ARRAY_SUITE)
+  job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
+                     ["--array=0-2", "--requeue", f"--output={tmp_path}/task-%a.out",
+                      f"--export=ALL,PYTHON={sys.executable}"],
+                     [f"--suite={suite}", f"--results={path}"], cwd=str(REPO))
+  _wait_for(lambda: "step 10/" in _logs(tmp_path / "r.logs", "batch_2-"), "task 0 measuring")
+  slurm.requeue(f"{job}_0")
+  _wait_for(lambda: not slurm.jobs(), "the array to end", timeout=4 * RUN_TIMEOUT_S)
+  out = "".join(open(tmp_path / f"task-{i}.out", errors="replace").read()[-2000:]
+                for i in range(3))
+  records, problems = results.read(str(path))
+  assert problems == [], out
+  ok = sorted(r["global_batch"] for r in records if r["status"] == "ok")
+  assert ok == [2, 4, 6, 8], out  # each run once
+  [stopped] = [r for r in records if r["status"] != "ok"]
+  assert (stopped["status"], stopped["signal"], stopped["global_batch"]) == (
+      "interrupted", "SIGTERM", 2), out
+  assert stopped["steps_measured"] >= 10
+  assert not list((tmp_path / "r.claims").iterdir())  # every claim released
+
+
+def test_a_run_another_live_task_holds_is_refused_in_one_line(slurm, tmp_path):
+  """A claim of the suite's first run by a live array task (a sleeping job's): a task
+  of another array given that run refuses the whole share, exit 2, nothing run."""
+  suite, path = tmp_path / "array.gin", tmp_path / "r.jsonl"
+  suite.write_text(ARRAY_SUITE)
+  sleeper = tmp_path / "sleep.sh"
+  sleeper.write_text("#!/bin/sh\nsleep 120\n")
+  holder = slurm.sbatch(str(sleeper), ["--array=0-0"])
+  claims = tmp_path / "r.claims"
+  claims.mkdir()
+  first = suites.expand(suites.load(str(suite)))[0]
+  (claims / first.key).write_text(f"{holder}_0\n")
+  job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
+                     ["--array=0-0", f"--output={tmp_path}/task-%a.out",
+                      f"--export=ALL,PYTHON={sys.executable}"],
+                     [f"--suite={suite}", f"--results={path}"], cwd=str(REPO))
+  code, state = slurm.wait_job(job, timeout=RUN_TIMEOUT_S)
+  slurm.cancel(holder)
+  out = (tmp_path / "task-0.out").read_text(errors="replace")
+  assert (code, state) == (2, "FAILED"), out[-3000:]
+  errors = [line for line in out.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and f"claimed by array task {holder}_0" in errors[0], out[-3000:]
+  assert "--share=slurm_array" in errors[0]
+  assert not path.exists() and [p.name for p in claims.iterdir()] == [first.key]
+
+
+def _logs(directory, name_part: str) -> str:
+  if not directory.exists():
+    return ""
+  return "".join(p.read_text(errors="replace") for p in directory.iterdir()
+                 if name_part in p.name)
+
+
+def _wait_for(ready, what: str, timeout: float = RUN_TIMEOUT_S) -> None:
+  deadline = time.monotonic() + timeout
+  while not ready():
+    if time.monotonic() > deadline:
+      raise AssertionError(f"no {what} within {timeout} s")
+    time.sleep(0.2)

@@ -25,4 +25,4 @@ def test_a_batch_job_s_exit_code_comes_back(slurm, tmp_path):
   job = slurm.sbatch(str(script), cwd=str(tmp_path))
   assert slurm.wait_job(job, timeout=30) == (3, "FAILED")
   assert open(slurm.output_path(job)).read() == f"ran as job {job}\n"
-  assert job not in slurm.jobs()
+  assert str(job) not in slurm.jobs()

@@ -114,7 +114,8 @@ def test_bad_suite_input_is_one_error_line(tmp_path):
                        ("--suite=table1_local --run_timeout_s=0", "--run_timeout_s=0"),
                        ("--suite=cluster_local --launcher=srun", "is in none; submit it "
                         "with sbatch"),  # not in a Slurm job
-                       ("--suite=islands_local --launcher=srun", "cannot make islands")):
+                       ("--suite=islands_local --launcher=srun", "cannot make islands"),
+                       ("--suite=cluster_local --share=slurm_array", "in no array job")):
     proc = run_cli("tf_tput.suite", *args.split(), f"--results={tmp_path / 'r.jsonl'}")
     assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]
     assert expect in proc.stderr
