@@ -54,6 +54,8 @@ def _fixture_records() -> list:
       train_record("t5_base", "jax", 330.0, step_s=(6, 6.2, 6.5), run_id="c"),
       train_record("t5_small", "mtf", 800.0, run_id="d"),
       train_record("t5_small", "jax", status="failed", run_id="e"),
+      train_record("t5_small", "jax", status="interrupted", run_id="g", signal="SIGTERM",
+                   error="SIGTERM after 5 step(s), 4 of them measured"),
       train_record("decoder_tiny", "jax", 40000.0, arch="decoder", inputs_length=None,
                    run_id="f"),
   ]
@@ -84,7 +86,7 @@ def test_table1_one_row_per_configuration_and_system():
           base_jax["implied MFU (derived)"]) == published_cells  # on every system's row
   small = by_row[("t5_small", "jax")]
   assert (small["tokens/s [spread]"], small["runs"], small["vs mtf"]) == (
-      "failed", "0 (1 failed)", "–")
+      "failed", "0 (1 failed, 1 interrupted)", "–")  # neither counted
   assert small["published JAX / Pathways tokens/s (TPUv3 cores)"] == "–"
   assert small["startup (s): build + warmup"] == "–"
   assert small["implied MFU (derived)"] == "–"
@@ -236,7 +238,8 @@ def test_report_markdown_sections():
   text = document.render(train, micro, [("a.jsonl", 6, 2, 0)], [("a.jsonl", 3, "not JSON")],
                          {"tokens_per_sec": "tokens_per_sec.png", "fig5": "fig5_dispatch.png"})
   for needle in ("## Training throughput (Table 1 style)", "![tokens/s per system",
-                 "### Failed runs", "t5_small jax float32", "step 3: boom",
+                 "### Failed and interrupted runs", "t5_small jax float32",
+                 "failed: step 3: boom", "interrupted: SIGTERM after 5 step(s)",
                  "## Dispatch micro-benchmarks (Fig. 5 style)", "ray opbyop 1 host(s): skipped",
                  "## Crossover (Fig. 6 style)", "| 1 | 2 | 3 | 3.4 | 90 | 300 |",
                  "## Published figures", published.CITATION, "## Conventions",

@@ -117,12 +117,12 @@ def _train_section(train: list, plots: dict) -> list:
             "ideal-link projection is the unshaped islands run's step plus the bytes "
             "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
             ""]
-  failed = [r for r in train if r["status"] != "ok"]
+  failed = [r for r in train if r["status"] != "ok"]  # failed or interrupted
   if failed:
-    out += ["### Failed runs", ""]
+    out += ["### Failed and interrupted runs (in no table)", ""]
     out += [f"- {r['model']} {r['system']} {r['dtype']} {r['mesh_shape']} batch "
-            f"{r['global_batch']} (run {r['run_id']}, {r['started_at']}): {r['error']}"
-            for r in failed]
+            f"{r['global_batch']} (run {r['run_id']}, {r['started_at']}): "
+            f"{r['status']}: {r['error']}" for r in failed]
     out.append("")
   out += ["## Step-time distributions", ""]
   if plots.get("step_times"):

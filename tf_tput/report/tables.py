@@ -5,6 +5,7 @@ The spread of a system's tokens/s on one configuration is defined once, in
 tokens_band, and used by every table, plot and comparison.
 """
 
+import collections
 import json
 import statistics
 import textwrap
@@ -127,7 +128,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
           "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
           startup_cell(r.get("build_s"), r.get("warmup_s"), r.get("compilation_cache")),
           "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
-          r["status"] if r["status"] == "ok" else f"failed: {r['error'][:60]}")
+          r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:60]}")
 
 
 def format_table(records: list) -> str:
@@ -317,8 +318,10 @@ def table1(records: list) -> tuple:
       ok, failed = ok_of[s], [r for r in runs if r["system"] == s and r["status"] != "ok"]
       if not ok and not failed:
         continue  # not run on this configuration: no row
-      count = f"{len(ok)}" + (f" (+{len(failed)} failed)" if failed and ok else
-                              f" ({len(failed)} failed)" if failed else "")
+      others = ", ".join(f"{n} {status}" for status, n in sorted(
+          collections.Counter(r["status"] for r in failed).items()))  # not counted
+      count = f"{len(ok)}" + (f" (+{others})" if failed and ok else
+                              f" ({others})" if failed else "")
       if not ok:
         rows.append(config + [s, count, "failed", "–", "–", "–", "–"] + pub_cells)
         continue

@@ -107,6 +107,7 @@ class Watchdog:
     self._closed = threading.Event()
     self._heartbeat = None
     self._reader = self._writer = self._thread = None
+    self._previous = {}
 
   # The main thread's side.
   def install(self) -> "Watchdog":
@@ -114,6 +115,7 @@ class Watchdog:
     for end in (self._reader, self._writer):
       end.setblocking(False)
     signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+    self._previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     self.take_signals()
     directory = os.environ.get(processes.HEARTBEAT_DIR_ENV)
     if directory and os.path.isdir(directory):
@@ -155,12 +157,19 @@ class Watchdog:
     return self._claim.acquire(blocking=False)
 
   def close(self) -> None:
+    """Stops watching. The handlers before install() come back, unless a signal is
+    ending the run: then more of them are ignored while the process exits (the
+    interpreter's shutdown would restore their default, death, and another exit code)."""
     self._closed.set()
     if self._thread is not None:
       self._thread.join()
       signal.set_wakeup_fd(-1)
       self._reader.close()
       self._writer.close()
+    for sig, previous in self._previous.items():
+      if self.signum is not None:
+        previous = signal.SIG_IGN
+      signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: C's
     if self._heartbeat:
       _remove(self._heartbeat)
 
