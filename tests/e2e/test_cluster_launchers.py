@@ -1,8 +1,9 @@
 """Runs started by the launchers clusters use, each real, each leaving one record that
 says how it was started (docs/clusters.md): jax and torch under srun, mpirun and
 torchrun; tf2 (SlurmClusterResolver) and mtf (a chief and its workers) under srun,
-these four as one suite's steps under sbatch; ray by Ray's Slurm recipe; and srun's
-torch tasks, one killed mid-run. How each launcher's variables become a rank, a size
+these four as one suite's steps under sbatch; ray by Ray's Slurm recipe; srun's
+torch tasks, one killed mid-run, and jax's, scancelled; a suite as a job array, one
+task requeued mid-run, and a task refused a run that another live task holds. How each launcher's variables become a rank, a size
 and a coordinator is tests/unit/test_launchers.py's.
 
 Slurm is the `slurm` fixture's (tests/slurm_cluster.py: one node, in a private
@@ -133,6 +134,26 @@ def test_a_task_killed_mid_run_leaves_process_0_s_failed_record(slurm, tmp_path)
   # the two tasks had joined as one run: they trained measured steps together
   assert (record["launcher"], record["num_processes"]) == ("slurm", 2)
   assert len(record["losses"]) >= 2
+
+
+def test_scancel_mid_run_leaves_process_0_s_interrupted_record(slurm, tmp_path):
+  """As a preemption: every task gets SIGTERM, process 0 records what was measured."""
+  path = tmp_path / "r.jsonl"
+  command = slurm.srun_command(["-n", "2", sys.executable, *_train(
+      "jax", path, *JAX_FLAGS, "--steps=100000", "--log_every=1")])
+  proc = subprocess.Popen(command, env=dict(os.environ, **slurm.env()), cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    task_1 = _wait_for_measured_steps_then_task_1(proc, slurm)
+    slurm.cancel(_environ(task_1)["SLURM_JOB_ID"])
+    out = proc.communicate(timeout=RUN_TIMEOUT_S)[0]
+  finally:
+    proc.kill()
+  records, _ = results.read(str(path))
+  assert proc.returncode != 0, out[-3000:]
+  assert [(r["status"], r["signal"]) for r in records] == [("interrupted", "SIGTERM")], out[-3000:]
+  assert (records[0]["launcher"], records[0]["num_processes"]) == ("slurm", 2)
+  assert records[0]["steps_measured"] >= 1
 
 
 def _wait_for_measured_steps_then_task_1(proc, slurm) -> int:
