@@ -59,7 +59,9 @@ setup(
         # CUDA builds of jax and torch, all pure Python; it installs those missing,
         # without their dependencies, so that nothing replaces those builds.
         "gpu": [ABSL, GIN, OPTAX],
-        # pytest-xdist: scripts/test.sh runs the suite in up to 4 workers.
-        "test": ["pytest>=7,<9", "psutil>=5.9,<8", "pytest-xdist>=3.5,<4"],
+        # pytest-xdist: scripts/test.sh runs the suite in up to 4 workers; ruff: its
+        # lint first (scripts/lint.sh).
+        "test": ["pytest>=7,<9", "psutil>=5.9,<8", "pytest-xdist>=3.5,<4",
+                 "ruff>=0.8,<1"],
     },
 )

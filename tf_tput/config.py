@@ -8,6 +8,7 @@ milliseconds, before TensorFlow or JAX start.
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util  # noqa: F401  gin 0.5 needs it loaded to report a missing include
 import logging
 import pathlib
@@ -289,9 +290,9 @@ def load_experiment(gin_files: Sequence[str], gin_params: Sequence[str] = (),
     check_includes(pathlib.Path(path))
   with quiet_include_probes():
     for path in paths:
-      _parse(path, lambda: gin.parse_config_file(path))
+      _parse(path, functools.partial(gin.parse_config_file, path))
   for binding in gin_params:
-    _parse(f"binding {binding!r}", lambda: gin.parse_config(binding))
+    _parse(f"binding {binding!r}", functools.partial(gin.parse_config, binding))
   try:
     experiment_parts = dict(model=ModelConfig(), mesh=MeshConfig(),
                             train=TrainConfig(), data=DataConfig(),

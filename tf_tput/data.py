@@ -121,7 +121,7 @@ class Prefetched:
     while not self._stop.is_set():
       try:
         item = next(source)
-      except BaseException as e:  # noqa: BLE001: handed to the consumer, not lost
+      except BaseException as e:  # noqa: BLE001 - handed to the consumer, not lost
         item = (self._END, e)
       while not self._stop.is_set():
         try:
@@ -176,7 +176,7 @@ def _load_tfds(data: DataConfig):
   try:
     dataset = tfds.load(data.tfds_name, split=data.tfds_split, data_dir=data.data_dir,
                         shuffle_files=False)
-  except Exception as e:  # tfds raises many types; all mean "cannot read this dataset"
+  except Exception as e:  # noqa: BLE001 - tfds raises many types, all "cannot read it"
     raise UsageError(f"tfds dataset {data.tfds_name!r} split {data.tfds_split!r} "
                      f"(data_dir={data.data_dir!r}) cannot be loaded: "
                      f"{errors.one_line(e, 300)}; prepare it with tfds "

@@ -66,7 +66,7 @@ def measure(trainer, batches: list, rounds: int) -> tuple:
     for figures, fn in (order if r % 2 == 0 else order[::-1]):
       figures.append(fn(trainer, batches))
   s, b = statistics.median(shared), statistics.median(bare)
-  return s, b, overhead_percent(s, b), [overhead_percent(*p) for p in zip(shared, bare)]
+  return s, b, overhead_percent(s, b), [overhead_percent(*p) for p in zip(shared, bare, strict=True)]
 
 
 class _NoOpTrainer:

@@ -142,7 +142,7 @@ def run() -> int:
       over.append(step)
     print(f"{step:>4}  " + "  ".join(f"{x:>{width}.6f}" for x in losses) + "  "
           + "  ".join(f"{r:>{max(9, len(label) + 4)}.2e}" for r, label in
-                      zip(rels[1:], labels[1:])) + flag)
+                      zip(rels[1:], labels[1:], strict=True)) + flag)
   if over:
     print(f"error: steps {over} exceed the tolerance (step 0: {FLAGS.first_step_rtol:g}, "
           f"others: {FLAGS.rtol:g}); they do not train the same function",

@@ -490,7 +490,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
       trainer = system.build(experiment, topology)
     except UsageError:
       raise
-    except Exception as e:  # noqa: BLE001: a build failure is still a recorded run
+    except Exception as e:  # noqa: BLE001 - a build failure is still a recorded run
       logging.exception("building %s failed", system.name)
       outcome.measurement.error = f"build: {errors.cause(e)}"
       return outcome
@@ -654,7 +654,7 @@ def run() -> int:
         peak, peak_source = peak_lib.reprobed(system.runtime, topology,
                                               experiment.model.activation_dtype,
                                               (peak, peak_source), store)
-    except Exception as e:  # noqa: BLE001: a failure after the check is a recorded run
+    except Exception as e:  # noqa: BLE001 - a failure after the check is a recorded run
       # A usage error or a timeout says all in its message; anything else gets its stack.
       logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
                     exc_info=not isinstance(e, (UsageError, TimeoutError)))
@@ -678,13 +678,13 @@ def _write(outcome: Outcome, record, peak, peak_source, new_outcome, run_id: str
   try:
     try:
       final = build.valid_record(record(outcome, peak, peak_source))
-    except Exception as e:  # noqa: BLE001: the measurement must still reach a record
+    except Exception as e:  # noqa: BLE001 - the measurement must still reach a record
       logging.exception("building the record failed")
       _failed(outcome, f"record: {errors.cause(e)}")
       bare = new_outcome(outcome.measurement.error)
       bare.ending = outcome.ending
       final = build.valid_record(record(bare, None, UNPROBED))
-  except Exception as e:  # noqa: BLE001: no record can be made; say so, in one line
+  except Exception as e:  # noqa: BLE001 - no record can be made; say so, in one line
     logging.exception("the record of run %s cannot be made", run_id)
     print(f"error: run {run_id} ended ({_status(outcome)[1] or 'ok'}) but its record "
           f"cannot be made ({errors.cause(e)}); nothing was appended to --results="

@@ -10,7 +10,6 @@ Slurm is the `slurm` fixture's (tests/slurm_cluster.py: one node, in a private
 network namespace, once per session); torchrun and mpirun run in that namespace too,
 so nothing they serve is reachable from other machines."""
 
-import json
 import os
 import signal
 import subprocess

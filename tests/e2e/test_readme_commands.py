@@ -18,7 +18,6 @@ runs of spaces and table rules made equal, so a sample left behind by a change o
 
 import dataclasses
 import os
-import pathlib
 import re
 import shlex
 

@@ -38,10 +38,10 @@ def test_synthetic_deterministic_per_seed():
   a = list(itertools.islice(data.batches(_experiment("t5_tiny", "TrainConfig.seed = 1")), 3))
   b = list(itertools.islice(data.batches(_experiment("t5_tiny", "TrainConfig.seed = 1")), 3))
   c = list(itertools.islice(data.batches(_experiment("t5_tiny", "TrainConfig.seed = 2")), 3))
-  for x, y in zip(a, b):
+  for x, y in zip(a, b, strict=True):
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
-  assert any(not np.array_equal(x[k], z[k]) for x, z in zip(a, c) for k in x)
+  assert any(not np.array_equal(x[k], z[k]) for x, z in zip(a, c, strict=True) for k in x)
   # Successive batches differ.
   assert not np.array_equal(a[0]["targets"], a[1]["targets"])
 
@@ -110,7 +110,7 @@ def test_pack_decoder_rows():
       ([12, 13, 14, 15, 16, 17], [1] * 6,          [0, 1, 2, 3, 4, 5]),  # truncated
   ]
   assert len(rows) == 3
-  for row, (ids, seg, pos) in zip(rows, expected):
+  for row, (ids, seg, pos) in zip(rows, expected, strict=True):
     assert set(row) == {"targets", "targets_segmentation", "targets_position"}
     np.testing.assert_array_equal(row["targets"], ids)
     np.testing.assert_array_equal(row["targets_segmentation"], seg)

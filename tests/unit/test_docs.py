@@ -178,7 +178,7 @@ def _flags_of(module: str) -> dict:
 def flags_markdown() -> str:
   """docs/flags.md as the code defines it."""
   with concurrent.futures.ThreadPoolExecutor(len(ENTRY_POINTS)) as pool:
-    found = dict(zip(ENTRY_POINTS, pool.map(_flags_of, ENTRY_POINTS.values())))
+    found = dict(zip(ENTRY_POINTS, pool.map(_flags_of, ENTRY_POINTS.values()), strict=True))
   lines = ["# Flags of every entry point", "",
            "Generated from the code by `tests/unit/test_docs.py`, which fails when this "
            "file and the code differ. Do not edit it by hand; regenerate it with", "",

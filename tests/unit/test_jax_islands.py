@@ -49,7 +49,7 @@ def run():
 
 
 def test_islands_train_the_flat_data_parallel_function(run):
-  for step, (flat, islands) in enumerate(zip(run["flat"], run["islands"])):
+  for step, (flat, islands) in enumerate(zip(run["flat"], run["islands"], strict=True)):
     assert abs(islands - flat) / flat < (1e-5 if step == 0 else 1e-4)
 
 

@@ -135,10 +135,10 @@ def test_step0_loss_matches_mtf(name):
                          ids=["t5_tiny", "decoder_tiny", "decoder_tiny_factored"])
 def test_ten_adafactor_steps_match_mtf(name, params):
   run = _training_run(name, params)
-  diffs = [_rel(j, t) for j, t in zip(run["jax"], run["mtf"])]
+  diffs = [_rel(j, t) for j, t in zip(run["jax"], run["mtf"], strict=True)]
   print(f"{name}{params} max rel loss diff over {STEPS} steps {max(diffs):.2e}")
   assert len(diffs) == STEPS
-  assert max(diffs) < TRAINING_RTOL, list(zip(run["mtf"], run["jax"]))
+  assert max(diffs) < TRAINING_RTOL, list(zip(run["mtf"], run["jax"], strict=True))
   assert run["mtf"][-1] < run["mtf"][0] - 0.5   # it trains, so the updates were compared
 
 

@@ -257,7 +257,7 @@ def test_stacked_adafactor_is_the_unstacked_optimizer_per_layer():
     flat_stacked = [leaf[s, l] for leaf in jax.tree.leaves(state["blocks"])]
     assert [x.shape for x in flat] == [x.shape for x in flat_stacked]
     assert any(x.shape == (128,) for x in flat) and any(x.shape == (256,) for x in flat)
-    for a, b in zip(flat, flat_stacked):
+    for a, b in zip(flat, flat_stacked, strict=True):
       np.testing.assert_allclose(a, b, rtol=1e-6)
 
 

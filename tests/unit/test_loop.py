@@ -111,7 +111,7 @@ def test_run_on_step_receives_scalars():
   assert seen[1][1] == {"loss": pytest.approx(5.0)}
   # Measured steps: loss, step time, tokens/s of that step.
   durations = [0.5, 1.0, 0.25, 2.0]
-  for (step, scalars), duration, tokens in zip(seen[2:], durations, [3, 4, 5, 6]):
+  for (step, scalars), duration, tokens in zip(seen[2:], durations, [3, 4, 5, 6], strict=True):
     assert set(scalars) == {"loss", "step_time_s", "tokens_per_sec"}
     assert scalars["loss"] == pytest.approx(10.0 / (step + 1))
     assert scalars["step_time_s"] == pytest.approx(duration)

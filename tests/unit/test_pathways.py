@@ -120,7 +120,7 @@ def test_table1_paper_sets_pathways_beside_every_jax_run():
   for run in runs:
     by_system.setdefault(run.flags["system"], []).append(run)
   assert len(by_system["pathways"]) == len(by_system["jax"]) == 4
-  for jax_run, pathways_run in zip(by_system["jax"], by_system["pathways"]):
+  for jax_run, pathways_run in zip(by_system["jax"], by_system["pathways"], strict=True):
     assert pathways_run.strategy == "local" and "num_cpu_devices" not in pathways_run.flags
     assert {k: v for k, v in pathways_run.flags.items() if k != "system"} == {
         k: v for k, v in jax_run.flags.items() if k != "system"}

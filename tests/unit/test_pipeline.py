@@ -1,5 +1,7 @@
 """tf_tput/pipeline.py: the Table 2 stage split, validation, the per-stage plan."""
 
+import itertools
+
 import pytest
 
 from tf_tput import config, models, pipeline
@@ -25,7 +27,7 @@ def test_layers_split_with_embedding_and_softmax_as_one_unit_each(layers, stages
   assert sum(counts) == layers
   ranges = pipeline.stage_layer_ranges(layers, stages)
   assert ranges[0][0] == 0 and ranges[-1][1] == layers
-  assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+  assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
 
 
 def test_bubble_and_device_groups():

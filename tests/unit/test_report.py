@@ -68,7 +68,7 @@ def test_table1_one_row_per_configuration_and_system():
                     "vs mtf", "startup (s): build + warmup",
                     "published JAX / Pathways tokens/s (TPUv3 cores)",
                     "implied MFU (derived)"]
-  by_row = {(row[0], row[7]): dict(zip(header, row)) for row in rows}
+  by_row = {(row[0], row[7]): dict(zip(header, row, strict=True)) for row in rows}
   # The baseline first in each configuration; a system that did not run it has no row.
   assert list(by_row) == [("t5_base", "mtf"), ("t5_base", "jax"), ("t5_small", "mtf"),
                           ("t5_small", "jax"), ("decoder_tiny", "jax")]
@@ -100,13 +100,13 @@ def test_table1_adds_a_row_not_columns_per_system():
                     for name in ("tf2", "pathways_like")]
   more_header, more_rows = tables.table1(more)
   assert more_header == header and len(more_rows) == len(rows) + 2
-  row = dict(zip(header, next(r for r in more_rows if r[7] == "tf2")))
+  row = dict(zip(header, next(r for r in more_rows if r[7] == "tf2"), strict=True))
   assert row["vs mtf"] == f"{200 / 110:.2f}x"
   # Without mtf the first system by name is the baseline.
   header, rows = tables.table1([r for r in more if r["system"] != "mtf"])
   assert "vs jax" in header
-  jax_row = dict(zip(header, next(r for r in rows if r[:1] == ["t5_base"] and r[7] == "jax")))
-  tf2_row = dict(zip(header, next(r for r in rows if r[7] == "tf2")))
+  jax_row = dict(zip(header, next(r for r in rows if r[:1] == ["t5_base"] and r[7] == "jax"), strict=True))
+  tf2_row = dict(zip(header, next(r for r in rows if r[7] == "tf2"), strict=True))
   assert jax_row["vs jax"] == "1.00x" and tf2_row["vs jax"] == f"{200 / 330:.2f}x"
 
 
@@ -120,7 +120,7 @@ def test_a_variant_is_a_system_of_its_own_beside_its_default_way():
   assert tables.variant_as_system(eager) is eager
   assert compiled["system"] == "torch [TorchOptions.compile=True]"
   header, rows = tables.table1([mtf, eager, compiled])
-  ratios = {row[7]: dict(zip(header, row))["vs mtf"] for row in rows}
+  ratios = {row[7]: dict(zip(header, row, strict=True))["vs mtf"] for row in rows}
   assert ratios == {"mtf": "1.00x", "torch": "1.20x",
                     "torch [TorchOptions.compile=True]": "1.50x"}
   assert tables.train_key(eager) != tables.train_key(compiled)  # --compare apart too
@@ -201,7 +201,7 @@ def test_compare_verdicts(old_step, new_step, new_tps, expect):
   new = [train_record(tokens_per_sec=new_tps, step_s=new_step)]
   header, rows, notes = compare.compare(old, new)
   assert [row[1] for row in rows] == ["tokens/s", "startup s"] and notes == []
-  row = dict(zip(header, rows[0]))
+  row = dict(zip(header, rows[0], strict=True))
   assert row["verdict"] == expect
   assert row["new/old"] == f"{new_tps / 2048:.2f}x"
 
@@ -329,7 +329,7 @@ def test_table2_rows_per_partitioning_against_each_systems_spmd_and_the_paper():
              # another global batch: its own group, not compared with the others
              _decoder("jax", 50.0, 4, 16, "batch:32", run_id="e", global_batch=16)]
   header, rows = tables.table2(records)
-  by_part = {(row[4], row[3]): dict(zip(header, row)) for row in rows}
+  by_part = {(row[4], row[3]): dict(zip(header, row, strict=True)) for row in rows}
   spmd = by_part[("SPMD batch:2;model:4", "8 x 128")]
   assert spmd["jax vs SPMD"] == "1.00x" and spmd["mtf vs SPMD"] == "1.00x"
   assert spmd["published Pathways tokens/s (TPUv3 cores)"] == "125,700 (128)"
@@ -356,7 +356,7 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   records = [run(1, None, 1000.0, 1.0, "a"), run(2, "none", 900.0, 1.1, "b"),
              run(2, "8mbit", 500.0, 2.0, "c")]
   header, rows = tables.islands_table(records)
-  by_rate = {row[5]: dict(zip(header, row)) for row in rows}
+  by_rate = {row[5]: dict(zip(header, row, strict=True)) for row in rows}
   assert by_rate["loopback"]["jax of 1 island"] == "1.000"
   assert by_rate["none"]["jax of 1 island"] == "0.900"
   shaped = by_rate["8mbit"]
@@ -372,7 +372,7 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
            for r in records[:2]]
   header, rows = tables.islands_table(records + piped)
   assert len(rows) == 5  # 3 unpipelined, 2 pipelined
-  row = dict(zip(header, next(r for r in rows if r[1] == "4 x 16" and r[5] == "none")))
+  row = dict(zip(header, next(r for r in rows if r[1] == "4 x 16" and r[5] == "none"), strict=True))
   assert row["jax of 1 island"] == "1.000"  # 800 against its own one-island 800
   three_b = dict(piped[0], model="decoder_3b")
   assert tables._published_fraction(three_b) == "1 (S=16, M=64, 4 x 32)"
@@ -396,7 +396,7 @@ def test_compare_judges_startup_in_its_own_row(old, new, expect):
   new_runs = [_started(b, w, f"n{i}") for i, (b, w) in enumerate(new)]
   header, rows, _ = compare.compare(old_runs, new_runs)
   assert [row[1] for row in rows] == ["tokens/s", "startup s"]
-  throughput, startup = (dict(zip(header, row)) for row in rows)
+  throughput, startup = (dict(zip(header, row, strict=True)) for row in rows)
   assert throughput["verdict"] == compare.NOISE   # the steps did not change
   assert startup["verdict"] == expect
   assert startup["configuration"] == throughput["configuration"]
@@ -422,7 +422,7 @@ def test_compare_does_not_judge_startup_over_other_warmup_steps():
 def test_table1_startup_says_mixed_where_hits_and_misses_meet():
   header, rows = tables.table1([_started(3.0, 7.0, "a", cache="hit"),
                                 _started(9.0, 12.0, "b", cache="miss")])
-  assert dict(zip(header, rows[0]))["startup (s): build + warmup"] == "6.0 + 9.5 mixed"
+  assert dict(zip(header, rows[0], strict=True))["startup (s): build + warmup"] == "6.0 + 9.5 mixed"
 
 
 def test_console_table_shows_startup_beside_tokens_per_second():

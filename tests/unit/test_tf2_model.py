@@ -54,12 +54,12 @@ def _training_run(name: str, params: tuple = ()) -> dict:
                          ids=["t5_tiny", "decoder_tiny", "decoder_tiny_factored"])
 def test_ten_adafactor_steps_match_mtf(name, params):
   run = _training_run(name, params)
-  diffs = [_rel(b, a) for a, b in zip(run["mtf"], run["tf2"])]
+  diffs = [_rel(b, a) for a, b in zip(run["mtf"], run["tf2"], strict=True)]
   print(f"{name}{params} step-0 rel {diffs[0]:.2e}, max over {STEPS} steps "
         f"{max(diffs):.2e}")
   assert diffs[0] < STEP0_RTOL
   assert len(diffs) == STEPS and max(diffs) < TRAINING_RTOL, list(zip(run["mtf"],
-                                                                       run["tf2"]))
+                                                                       run["tf2"], strict=True))
   assert run["mtf"][-1] < run["mtf"][0] - 0.5   # it trains, so the updates were compared
 
 

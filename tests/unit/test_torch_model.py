@@ -64,7 +64,7 @@ def test_float32_loss_and_gradients_match_jax_model(name, embedding):
   assert loss.item() == pytest.approx(float(expected_loss), rel=1e-6)  # rounding only
   names = sorted(torch_params)
   grads = torch.autograd.grad(loss, [torch_params[k] for k in names])
-  for name_, grad in zip(names, grads):
+  for name_, grad in zip(names, grads, strict=True):
     want = np.asarray(expected[name_])
     scale = max(np.abs(want).max(), 1e-12)
     assert np.abs(grad.numpy() - want).max() <= 1e-4 * scale, name_

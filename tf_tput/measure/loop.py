@@ -59,7 +59,7 @@ class Measurement:
   def step_durations(self) -> list:
     """Per measured step: its window's duration / sync_every."""
     times, k = self._measured_times, self.sync_every
-    return [(b - a) / k for a, b in zip(times, times[1:]) for _ in range(k)]
+    return [(b - a) / k for a, b in itertools.pairwise(times) for _ in range(k)]
 
   @property
   def measured_seconds(self) -> float:
@@ -70,7 +70,7 @@ class Measurement:
   def window_durations(self) -> list:
     """Seconds of each measured window, in order (the record's window_s)."""
     times = self._measured_times
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in itertools.pairwise(times)]
 
   def snapshot(self) -> "Measurement":
     """A copy holding the completed windows only, consistent while the loop goes on in
@@ -186,7 +186,7 @@ def _compiled(trainer, batches, m, timer, started):
   try:
     first = next(batches)
     compile_(first)
-  except Exception as e:  # noqa: BLE001: a failed compile is a failed first step
+  except Exception as e:  # noqa: BLE001 - a failed compile is a failed first step
     logging.error("compiling step 0 failed", exc_info=True)
     m.error = f"step 0: compile: {errors.cause(e)}"
     return None
@@ -212,7 +212,7 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
         m.losses.append(float(loss))  # waits for the step when it is pending
         if step == 0 and k > 1:  # (k == 1: the window's mark below is the step's end)
           m.first_step_s = timer.now() - started
-    except Exception as e:  # noqa: BLE001: any failure ends the run, recorded
+    except Exception as e:  # noqa: BLE001 - any failure ends the run, recorded
       logging.error("step %d failed", step, exc_info=True)  # the whole of it, in the log
       m.error = f"step {step}: {errors.cause(e)}"
       _keep_completed(m.losses, pending[len(m.losses) - first:])
@@ -228,7 +228,7 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
     losses = m.losses[first:]
     bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
     window = timer.times[-1] - timer.times[-2] if len(timer.times) > 1 else None
-    for i, (loss, count) in enumerate(zip(losses, counts)):
+    for i, (loss, count) in enumerate(zip(losses, counts, strict=True)):
       values = {"loss": loss}
       if count is not None:
         m.tokens.append(count[0])
@@ -251,5 +251,5 @@ def _keep_completed(losses: list, unfetched: list) -> None:
   for loss in unfetched:
     try:
       losses.append(float(loss))
-    except Exception:  # noqa: BLE001: the failing step; the error is already recorded
+    except Exception:  # noqa: BLE001 - the failing step; the error is already recorded
       return

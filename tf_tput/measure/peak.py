@@ -134,7 +134,7 @@ def reprobed(runtime, topology, dtype: str, first: tuple, store=None) -> tuple:
     return first
   try:
     again, again_source = peak(runtime, topology, dtype)
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # noqa: BLE001 - a second probe only refines the first
     return first
   best, best_source = max(first, (again, again_source), key=lambda p: p[0])
   if store and topology.shares_host_cpu and again > value:

@@ -97,7 +97,7 @@ def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None)
       record = _record(spec, "ok", seconds=_runner(module)(spec), **sized)
     except (KeyboardInterrupt, SystemExit):
       raise
-    except Exception as e:  # noqa: BLE001: one failed run is recorded, others go on
+    except Exception as e:  # noqa: BLE001 - one failed run is recorded, others go on
       logging.exception("%s %s failed", spec.system, spec.mode)
       record = _record(spec, "failed", errors.cause(e), **sized)
   try:
@@ -185,7 +185,7 @@ def format_table(records: list) -> str:
                  f"{rate:,.0f}" if rate else "-", spread,
                  r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:70]}"))
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                    for row in rows)
 
 

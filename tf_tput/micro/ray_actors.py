@@ -185,7 +185,7 @@ class _Bench:
   def _chained(self):
     refs = [None] * len(self._hosts)
     for _ in range(self._spec.chain_length):
-      refs = [h.computation.remote(ref) for h, ref in zip(self._hosts, refs)]
+      refs = [h.computation.remote(ref) for h, ref in zip(self._hosts, refs, strict=True)]
     self._finish(refs, self._spec.chain_length)
 
   def _fused(self):

@@ -294,14 +294,14 @@ class _Program:
       else:
         values = _loop(tf, computation, values, spec.chain_length)
         self.computations_per_call = spec.chain_length
-      self.step = tf.group(*[x.assign(v) for x, v in zip(xs, values)], name="step")
+      self.step = tf.group(*[x.assign(v) for x, v in zip(xs, values, strict=True)], name="step")
 
 
 def _computation(tf, devices, matrices, values):
   """x <- sum(x) // num_devices + 1 on every device (+ [(A @ A)[0, 0] == n] first)."""
   if matrices:
     values = [_plus_matmul(tf, x, a, device)
-              for x, a, device in zip(values, matrices, devices)]
+              for x, a, device in zip(values, matrices, devices, strict=True)]
   with tf.device(devices[0]):
     total = tf.math.add_n(values)
   out = []
@@ -362,7 +362,7 @@ def _measure(tf, session, program, spec, deadline) -> list:
     done += calls * program.computations_per_call
     options.timeout_in_ms = _remaining_ms(deadline, spec)
     values = session.run(program.reads, options=options)
-    for device, value in zip(program.devices, values):
+    for device, value in zip(program.devices, values, strict=True):
       micro.check(value, micro.expected(spec, done),
                   f"tf {spec.mode} repeat {repeat} on {device}")
     if repeat:
@@ -400,7 +400,7 @@ def main() -> int:
     for line in sys.stdin:
       try:
         result = {"repeat_seconds": run(micro.Spec(**json.loads(line)))}
-      except Exception as e:  # noqa: BLE001: handed to run_private, which raises it
+      except Exception as e:  # noqa: BLE001 - handed to run_private, which raises it
         traceback.print_exc()
         result = {"type": type(e).__name__, "error": str(e)}
       results.write(json.dumps(result) + "\n")

@@ -68,7 +68,7 @@ def _read(paths: list, flag: str) -> tuple:
 def _aligned(header: list, rows: list) -> str:
   table = [header] + rows
   widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                    for row in table)
 
 

@@ -50,7 +50,7 @@ def verdict(old_band: tuple, new_band: tuple, old_samples: int, new_samples: int
 
 def _label(key: tuple, schema: str) -> str:
   if schema == results.SCHEMA:
-    k = dict(zip(tables.TRAIN_KEY_FIELDS, key))
+    k = dict(zip(tables.TRAIN_KEY_FIELDS, key, strict=True))
     lengths = (f"{k['inputs_length']}/{k['targets_length']}" if k["inputs_length"]
                else f"{k['targets_length']}")
     return (f"{k['model']} {k['system']} {tables.dtype_label(k)} mesh {k['mesh_shape']} "

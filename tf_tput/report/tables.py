@@ -139,7 +139,7 @@ def format_table(records: list) -> str:
   peaks = best_peaks(records)
   rows = [COLUMNS] + [_row(r, baselines, peaks) for r in records]
   widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-  lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+  lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
            for row in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
   return "\n".join(lines)
@@ -513,10 +513,10 @@ def islands_table(records: list) -> tuple:
                f"{s} ideal-link projection"]
   header += ["published fraction"]
   rows = []
+  place = lambda r: (r["islands"], r.get("dcn_rate") or "loopback")
   for runs in group(launched, lambda r: (r["model"], _pipeline(r), r["num_devices"],
                                          r["num_processes"], r["global_batch"],
                                          r["targets_length"])).values():
-    place = lambda r: (r["islands"], r.get("dcn_rate") or "loopback")
     medians = {}
     for (where, s), mine in group(runs, lambda r: (place(r), r["system"])).items():
       ok = [r for r in mine if r["status"] == "ok"]

@@ -21,6 +21,7 @@ to it. Signals reach the thread through signal.set_wakeup_fd.
 """
 
 import dataclasses
+import itertools
 import os
 import select
 import signal
@@ -201,7 +202,7 @@ class Watchdog:
       return  # the main thread is writing it
     try:
       code = self._finish(ending, True)
-    except BaseException as e:  # noqa: BLE001: whatever happens, the process must end
+    except BaseException as e:  # noqa: BLE001 - whatever happens, the process must end
       print(f"error: {ending.error}; its record could not be written ({e})",
             file=sys.stderr)
       code = ending.exit_code
@@ -223,7 +224,7 @@ class Watchdog:
     if m is None or m.error or m.loop_started is None:
       return None
     starts = [m.loop_started] + list(m.completion_times)
-    durations = [b - a for a, b in zip(starts, starts[1:])]
+    durations = [b - a for a, b in itertools.pairwise(starts)]
     waited, bound = loop.CLOCK() - starts[-1], window_bound(durations, self._step_timeout_s)
     if waited <= bound:
       return None

@@ -26,7 +26,7 @@ from tf_tput.systems.jax import trainer as jax_trainer
 class JaxIslandTrainer(jax_trainer.JaxTrainer):
   """JaxTrainer's interface; only the mesh and the step's reduction differ."""
 
-  def __init__(self, experiment, topology):  # noqa: super().__init__ builds a flat mesh
+  def __init__(self, experiment, topology):  # not super().__init__: a flat mesh
     import jax
     import jax.numpy as jnp
     from jax.flatten_util import ravel_pytree

@@ -47,7 +47,7 @@ def init_params(m: ModelConfig, seed: int) -> dict:
   variables = models.variables(m)
   keys = jax.random.split(jax.random.PRNGKey(seed), len(variables))
   params = {}
-  for key, v in zip(keys, variables):
+  for key, v in zip(keys, variables, strict=True):
     shape = tuple(size for _, size in v.dims)
     kind, scale = initializer(v.name, shape, m)
     if kind == "ones":

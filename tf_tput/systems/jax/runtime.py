@@ -58,7 +58,7 @@ def join_processes(jax, launch, timeout_s: float) -> None:
     try:
       jax.distributed.initialize(
           **where, initialization_timeout=math.ceil(timeout_s) + ABORT_MARGIN_S)
-    except BaseException as e:  # noqa: BLE001: raised again in the caller's thread
+    except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
       outcome["error"] = e
 
   joining = threading.Thread(target=initialize, name="jax-distributed-initialize",
@@ -83,7 +83,7 @@ def _cluster_found_by_jax() -> bool:
     from jax._src import clusters
     return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types
                if not env.opt_in_only_method and env.name not in JAX_DETECTS.values())
-  except Exception:  # noqa: BLE001: JAX's private module moved; no cluster then
+  except Exception:  # noqa: BLE001 - JAX's private module moved; no cluster then
     return False
 
 
@@ -106,7 +106,7 @@ def gather_nodes(num_processes: int, process_id: int, timeout_s: float) -> tuple
   try:
     nodes = {client.blocking_key_value_get(f"{NODE_KEY}{i}", int(timeout_s * 1000))
              for i in range(num_processes)}
-  except Exception as e:  # noqa: BLE001: XLA's runtime error, its status in the text
+  except Exception as e:  # noqa: BLE001 - XLA's runtime error, its status in the text
     if "DEADLINE_EXCEEDED" not in str(e):
       raise
     raise TimeoutError(f"process {process_id}: not every process told its node through "
@@ -161,7 +161,7 @@ class JaxRuntime:
       jax.config.update("jax_compilation_cache_dir", path)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
       jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # every size
-      import filelock  # noqa: F401: JAX locks and evicts with it (the jax extra's)
+      import filelock  # noqa: F401 - JAX locks and evicts with it (the jax extra's)
       jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     with self._lock:
       first = self._cache_events is None

@@ -17,6 +17,8 @@ process never runs ahead of the others by more than that window (unbounded dispa
 across processes once hung gloo collectives, see docs/design.md).
 """
 
+import functools
+import operator
 from typing import Optional
 
 import numpy as np
@@ -143,7 +145,7 @@ class JaxTrainer:
       raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
     self._params = {k: self._jax.make_array_from_callback(
         np.shape(values[k]), self._param_shardings[k],
-        lambda index, v=np.asarray(values[k], np.float32): v[index])
+        functools.partial(operator.getitem, np.asarray(values[k], np.float32)))
         for k in self._param_shardings}
     self._opt_state = self._init_state(self._params)
 

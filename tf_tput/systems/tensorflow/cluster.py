@@ -200,7 +200,7 @@ def close_session(session, wait_s: float) -> None:
   def close():
     try:
       session.close()
-    except Exception:  # pylint: disable=broad-except  # best effort, already failing
+    except Exception:  # noqa: BLE001 - best effort, already failing
       pass
 
   closer = threading.Thread(target=close, name="tf-session-close", daemon=True)

@@ -80,7 +80,7 @@ def _server_api() -> tuple:
     from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.training import server_lib
     return server_lib.ClusterSpec, config_pb2.ConfigProto, server_lib.Server
-  except Exception:  # pylint: disable=broad-except
+  except Exception:  # noqa: BLE001 - any failure: fall back to the whole import
     for name in [n for n in sys.modules if n.split(".")[0] == "tensorflow"]:
       del sys.modules[name]
     import tensorflow as tf

@@ -28,7 +28,7 @@ def cluster_resolver(address: TpuAddress):
   try:
     return tf.distribute.cluster_resolver.TPUClusterResolver(
         tpu=address.name, zone=address.zone, project=address.project)
-  except Exception as e:  # noqa: BLE001: any lookup failure is the user's to fix
+  except Exception as e:  # noqa: BLE001 - any lookup failure is the user's to fix
     raise UsageError(f"--tpu={address.name}: cannot resolve it ({errors.one_line(e)}); "
                      "check the name, --tpu_zone and --gcp_project") from None
 
@@ -49,7 +49,7 @@ def accelerator_kind(resolver) -> str:
   api = getattr(resolver, "_cloud_tpu_client", None)
   try:
     accelerator_type = api.accelerator_type() if api and api.api_available() else None
-  except Exception:  # noqa: BLE001: no API to ask (an address, or a TPU VM's "local")
+  except Exception:  # noqa: BLE001 - no API to ask (an address, or a TPU VM's "local")
     accelerator_type = None
   if accelerator_type:
     return f"TPU {accelerator_type.split('-')[0]}"
@@ -65,7 +65,7 @@ def nodes(resolver, master: str) -> tuple:
   try:
     spec, job = resolver.cluster_spec(), resolver.task_type
     addresses = spec.job_tasks(job) if job in spec.jobs else []
-  except Exception:  # noqa: BLE001: no API to ask; the master still says where
+  except Exception:  # noqa: BLE001 - no API to ask; the master still says where
     addresses = []
   if not addresses and master.startswith("grpc://"):
     addresses = [master[len("grpc://"):]]

@@ -174,7 +174,7 @@ class TorchRuntime:
     if self._counted_from is None:
       return None
     hits, misses = (now - then for now, then in zip(self._cache_counts(),
-                                                    self._counted_from))
+                                                    self._counted_from, strict=True))
     if not hits and not misses:
       return None
     return misses == 0

@@ -90,7 +90,7 @@ class TorchTrainer:
     grads = self._torch.autograd.grad(loss, params)
     if self._world_size > 1:
       grads, loss = self._all_reduce(grads, loss)
-    self._update(self._params, dict(zip(self._names, grads)))
+    self._update(self._params, dict(zip(self._names, grads, strict=True)))
     return float(loss.detach())
 
   def load_variables(self, values: dict) -> None:

@@ -85,7 +85,7 @@ def connect(jax, target: str, timeout_s: float) -> list:
   def devices():
     try:
       outcome["devices"] = jax.devices()
-    except BaseException as e:  # noqa: BLE001: raised again in the caller's thread
+    except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
       outcome["error"] = e
 
   fix = (f"start the Pathways cluster and its proxy and point {BACKEND_TARGET_ENV} at it "

@@ -42,7 +42,7 @@ def allreduce_islands(xs, devices, num_islands: int, reduction_fn_string: str = 
     return ring(xs, devices, reduction_fn_string)
   reduce = mtf.binary_reduction_fn(reduction_fn_string)
   pieces = [None] * n_all  # pieces[i][j]: device i's j-th piece
-  for i, (x, device) in enumerate(zip(xs, devices)):
+  for i, (x, device) in enumerate(zip(xs, devices, strict=True)):
     with tf.device(device):
       pieces[i] = tf.split(tf.reshape(x, [-1]), per_island)
   island_sums = []  # [island][j], on the island's j-th device

@@ -53,7 +53,7 @@ class StageTransfer(mtf.Operation):
                        f"({source.shape} vs {target.shape})")
     slices = []
     xs = lowering.tensors[self.inputs[0]].to_laid_out_tensor().all_slices
-    for device, x in zip(target.devices, xs):
+    for device, x in zip(target.devices, xs, strict=True):
       with tf.device(device):
         slices.append(tf.identity(x))
     lowering.set_tensor_lowering(self.outputs[0], target.LaidOutTensor(slices))
@@ -158,7 +158,7 @@ class MtfPipelineTrainer(MtfTrainer):
         # Divides by loss_denominator(targets, M) = rows * length * M: the global one.
         losses.append(model._compute_loss(context, logits, targets,
                                           model.output_vocab_dim))
-    return mtf.add_n(losses), dict(zip(meshes, self.mesh_impls))
+    return mtf.add_n(losses), dict(zip(meshes, self.mesh_impls, strict=True))
 
   def _analytic_link_bytes(self, graph, mesh_to_impl, experiment, topology):
     """Across islands (stages split across them in order): the bytes of every

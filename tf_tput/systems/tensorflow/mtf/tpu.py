@@ -49,7 +49,7 @@ def replica_slices(mesh_shape: dict, layout: dict, logical_to_physical, dims) ->
     for i in reversed(range(len(sizes))):
       rest, coordinates[i] = divmod(rest, sizes[i])
     begins.append(tuple(0 if axis_of(name) is None else extent * coordinates[axis_of(name)]
-                        for (name, _), extent in zip(dims, shape)))
+                        for (name, _), extent in zip(dims, shape, strict=True)))
   return shape, begins
 
 
@@ -117,7 +117,7 @@ def build_graph(experiment, topology) -> TpuGraph:
       mtf_graph = mtf.Graph()
       mesh = mtf.Mesh(mtf_graph, "mesh")
       batch_dim = mtf.Dimension("batch", batch)
-      given = dict(zip(features, tensors))  # this replica's slices
+      given = dict(zip(features, tensors, strict=True))  # this replica's slices
 
       def import_feature(key, length):
         shape = mtf.Shape([batch_dim, mtf.Dimension("length", length)])

@@ -127,8 +127,8 @@ class MtfTrainer:
     self._session.run(self._copy_slices_to_masters)
     values = self._session.run([master for _, _, master in self._masters])
     out = {}
-    for (stacked_names, name, _), value in zip(self._masters, values):
-      out.update(zip(stacked_names, value) if stacked_names else [(name, value)])
+    for (stacked_names, name, _), value in zip(self._masters, values, strict=True):
+      out.update(zip(stacked_names, value, strict=True) if stacked_names else [(name, value)])
     return out
 
   def load_variables(self, values: dict) -> None:

@@ -109,8 +109,8 @@ class Tf2Trainer:
       variables = [self._vars[n] for n in names]
       # The replicas' gradients summed and placed on each variable's devices.
       reduced = strategy.extended.batch_reduce_to(
-          tf.distribute.ReduceOp.SUM, list(zip(grads, variables)))
-      for name, var, grad in zip(names, variables, reduced):
+          tf.distribute.ReduceOp.SUM, list(zip(grads, variables, strict=True)))
+      for name, var, grad in zip(names, variables, reduced, strict=True):
         strategy.extended.update(var, apply, args=(grad, name), group=False)
       # Reads of the step above come first (automatic control dependencies).
       strategy.extended.update(self._global_step, lambda s: s.assign_add(1), group=False)

@@ -188,7 +188,7 @@ class RayTrainer:
         self._ray.kill(a, no_restart=True)
       if self._group is not None:
         self._ray.util.remove_placement_group(self._group)
-    except Exception:  # noqa: BLE001: the cluster may be gone already; stop() follows
+    except Exception:  # noqa: BLE001 - the cluster may be gone already; stop() follows
       logging.warning("killing the ray actors failed", exc_info=True)
     finally:
       self._actors, self._group = [], None
@@ -239,9 +239,9 @@ class RayTrainer:
     while True:
       try:
         dead = {n["NodeID"] for n in self._ray.nodes() if not n["Alive"]}
-      except Exception:  # noqa: BLE001: the cluster's GCS itself may be gone
+      except Exception:  # noqa: BLE001 - the cluster's GCS itself may be gone
         return []
-      lost = sorted({name for name, node_id in zip(self._nodes, self._node_ids)
+      lost = sorted({name for name, node_id in zip(self._nodes, self._node_ids, strict=True)
                      if node_id in dead})
       if lost or time.monotonic() >= deadline:
         return lost
