@@ -626,9 +626,8 @@ def run() -> int:
     return _write(done, lambda o, *rest: record(topology, o, *rest), peak, peak_source,
                   new_outcome, run_id, malformed)
 
-  guard = watchdog.Watchdog(finish, FLAGS.step_timeout_s, process_id, where=lambda:
-                            watchdog.progress(outcome.measurement.snapshot(),
-                                              outcome.stage)).install()
+  guard = watchdog.Watchdog(finish, FLAGS.step_timeout_s, process_id, progress=lambda: (
+      outcome.measurement.snapshot(), outcome.stage)).install()
   try:
     try:
       if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
@@ -662,8 +661,7 @@ def run() -> int:
     guard.watch(None)
     ending = None
     if guard.signum is not None:
-      ending = watchdog.interrupted(guard.signum, watchdog.progress(outcome.measurement,
-                                                                    outcome.stage))
+      ending = guard.signal_ending(outcome.measurement, outcome.stage)
     if not guard.claim():
       guard.wait_for_the_thread()
     return finish(ending)

@@ -4,7 +4,7 @@ signals and the hung steps themselves: tests/e2e/test_interrupted_runs.py)."""
 import signal
 
 from tf_tput.measure import loop
-from tf_tput.runtime import watchdog
+from tf_tput.runtime import processes, watchdog
 
 
 def test_the_first_window_compiles_and_gets_an_hour_unless_the_flag_gives_more():
@@ -29,3 +29,19 @@ def test_an_interrupted_ending_names_the_signal_and_how_far_the_run_got():
   before = watchdog.progress(loop.Measurement(), "build")
   assert watchdog.interrupted(signal.SIGHUP, before).error == (
       "SIGHUP in its build, before any step")
+
+
+def test_a_signal_after_the_launcher_names_a_failed_peer_ends_the_run_as_that_failure(
+    tmp_path, monkeypatch):
+  monkeypatch.setenv(processes.HEARTBEAT_DIR_ENV, str(tmp_path))
+  guard = watchdog.Watchdog(lambda ending, from_thread: 0, None)
+  guard._heartbeat = str(tmp_path / "0")  # as install() sets it under tf_tput.launch
+  guard.signum = signal.SIGTERM
+  m = loop.Measurement(losses=[3.0, 2.0], tokens=[8], warmup_steps=1)
+  assert guard.signal_ending(m, "train").status == "interrupted"  # nothing said
+  (tmp_path / processes.STOP_REASON_FILE).write_text("process 1 (pid 7) was killed by "
+                                                     "signal 9\n")
+  ending = guard.signal_ending(m, "train")
+  assert (ending.status, ending.signal, ending.exit_code) == ("failed", None, 1)
+  assert ending.error == ("step 2: process 1 (pid 7) was killed by signal 9, and "
+                          "tf_tput.launch stopped this process (SIGTERM, stage train)")

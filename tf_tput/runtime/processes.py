@@ -29,6 +29,9 @@ PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
 # Where launch()'s processes keep their heartbeats (runtime/watchdog.py reads it): a
 # hung run's record can then name the process that stopped answering.
 HEARTBEAT_DIR_ENV = "TF_TPUT_HEARTBEAT_DIR"
+# Written there before the launcher stops the others because one process failed: why
+# (a run that then ends records a failure, not an interruption).
+STOP_REASON_FILE = "stopping"
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)
@@ -183,14 +186,14 @@ def launch(command: list, num_processes: int, grace_s: float,
       return _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
                          coordinator, procs, interrupted, network,
                          lambda i: {HEARTBEAT_DIR_ENV: heartbeats,
-                                    **(env_of(i) if env_of else {})})
+                                    **(env_of(i) if env_of else {})}, heartbeats)
     finally:
       stop(procs, grace_s)  # no orphans, whatever happened
       shutil.rmtree(heartbeats, ignore_errors=True)
 
 
 def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
-                coordinator, procs, interrupted, network, env_of) -> int:
+                coordinator, procs, interrupted, network, env_of, heartbeats) -> int:
   islands = network.islands if network else []
   for index in range(num_processes):
     env = dict(os.environ, **{COORDINATOR_ENV: coordinator,
@@ -218,20 +221,31 @@ def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
     failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
     if failed:
       index, code = failed[0]
-      stop(procs, grace_s)
       where = (f" in island {network.island_of(index, num_processes).index}"
                if islands else "")
+      _say_why(heartbeats, f"process {index} (pid {procs[index].pid}){where} {how(code)}")
+      stop(procs, grace_s)
       print(f"error: process {index} (pid {procs[index].pid}){where} {how(code)}; "
             f"stopped the other {num_processes - 1}", file=sys.stderr)
       return 1
     if all(c == 0 for c in codes):
       return 0
     if timeout_s is not None and time.monotonic() - started > timeout_s:
+      _say_why(heartbeats, f"tf_tput.launch --timeout_s={timeout_s:g} passed")
       stop(procs, grace_s)
       print(f"error: --timeout_s={timeout_s} passed; stopped all {num_processes} "
             "processes", file=sys.stderr)
       return 1
     time.sleep(POLL_S)
+
+
+def _say_why(heartbeats: str, reason: str) -> None:
+  """Tells the processes about to be stopped why (runtime/watchdog.py reads it)."""
+  try:
+    with open(os.path.join(heartbeats, STOP_REASON_FILE), "w") as f:
+      f.write(reason + "\n")
+  except OSError:
+    pass  # they record an interruption instead
 
 
 def read_log(path) -> str:

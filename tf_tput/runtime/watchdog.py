@@ -96,9 +96,10 @@ class Watchdog:
 
   def __init__(self, finish: Callable[[Ending, bool], int],
                step_timeout_s: Optional[float], process_id: int = 0,
-               where: Callable[[], str] = lambda: "before any step"):
+               progress: Callable[[], tuple] = lambda: (None, "start")):
     self._finish = finish
-    self._where = where  # how far the run got (progress()), for an interrupted record
+    # How far the run got: (a snapshot of its measurement, its stage).
+    self._progress = progress
     self._step_timeout_s = step_timeout_s
     self._process_id = process_id
     self.signum: Optional[int] = None
@@ -214,9 +215,31 @@ class Watchdog:
     m = self._measurement
     return len(m.completion_times) * m.sync_every if m is not None else 0
 
+  def signal_ending(self, measurement, stage: str, note: str = "") -> Ending:
+    """What the signal ends the run as: interrupted; or failed where tf_tput.launch
+    stops this process because another one failed (it says so in the heartbeat
+    directory first: processes.STOP_REASON_FILE)."""
+    reason = self._stop_reason()
+    if reason is None:
+      return interrupted(self.signum, progress(measurement, stage) + note)
+    return Ending("failed", f"step {measurement.steps_completed}: {reason}, and "
+                  f"tf_tput.launch stopped this process ({signal_name(self.signum)}, "
+                  f"stage {stage}){note}", 1)
+
+  def _stop_reason(self) -> Optional[str]:
+    if not self._heartbeat:
+      return None
+    path = os.path.join(os.path.dirname(self._heartbeat), processes.STOP_REASON_FILE)
+    try:
+      with open(path) as f:
+        return f.read().strip() or None
+    except OSError:
+      return None
+
   def _stuck_interrupt(self) -> Ending:
-    return interrupted(self.signum, f"{self._where()} (it did not stop within "
-                       f"{GRACE_S:g} s: blocked, e.g. in a collective whose peer has gone)")
+    return self.signal_ending(*self._progress(), note=(
+        f" (it did not stop within {GRACE_S:g} s: blocked, e.g. in a collective whose "
+        "peer has gone)"))
 
   def _hung(self) -> Optional[Ending]:
     from tf_tput.measure import loop  # the loop's clock
