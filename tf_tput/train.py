@@ -391,10 +391,11 @@ def _checked_request():
   for name in ("num_cpu_devices", "log_every"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
-  timeout_s = FLAGS.cluster_timeout_s
-  if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
-    raise UsageError(f"--cluster_timeout_s={timeout_s}; it must be > 0 (seconds) and at "
-                     f"most {MAX_TIMEOUT_S:g}")
+  for name in ("cluster_timeout_s", "step_timeout_s"):
+    timeout_s = FLAGS[name].value
+    if timeout_s is not None and not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
+      raise UsageError(f"--{name}={timeout_s}; it must be > 0 (seconds) and at most "
+                       f"{MAX_TIMEOUT_S:g}")
   tpu_address = _check_strategy(experiment)
   _check_processes(systems.load(FLAGS.system))
   _check_islands(experiment)

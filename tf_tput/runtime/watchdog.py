@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from tf_tput.measure import loop
 from tf_tput.runtime import processes
 
 # The signals that ask a run to end, and how long the main thread gets to record it.
@@ -242,7 +243,6 @@ class Watchdog:
         "peer has gone)"))
 
   def _hung(self) -> Optional[Ending]:
-    from tf_tput.measure import loop  # the loop's clock
     m = self._measurement  # read once: the main thread may unset it meanwhile
     if m is None or m.error or m.loop_started is None:
       return None
@@ -253,7 +253,7 @@ class Watchdog:
       return None
     how = (f"--step_timeout_s={self._step_timeout_s:g}" if self._step_timeout_s
            else "derived from the steps so far; --step_timeout_s sets it")
-    return Ending("failed", f"step {len(durations) * m.sync_every}: hung: its window did "
+    return Ending("failed", f"step {self.steps_done()}: hung: its window did "
                   f"not end within {bound:g} s ({how}); waited {waited:.1f} s; "
                   f"{self._silent_peers()}", 1)
 

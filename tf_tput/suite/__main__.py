@@ -194,8 +194,7 @@ def run() -> int:
   if task is not None:  # other tasks of the array may be given the same runs
     claims = shares.Claims(re.sub(r"\.jsonl$", "", results_path) + ".claims", task)
     claims.claim_all(todo)
-  whose = (f" (array task {task.name}, {task.index + 1} of {task.count}: "
-           f"share {FLAGS.share})" if task else "")
+  whose = f" (array task {task.name} of {task.count}, share {FLAGS.share})" if task else ""
   print(f"suite {suite.name}{whose}: {len(runs)} run(s), {len(runs) - len(todo)} already "
         f"done in {results_path} (skipped), {len(todo)} to run; logs in {logs_dir}/",
         flush=True)

@@ -29,33 +29,43 @@ LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
 
 @dataclasses.dataclass(frozen=True)
 class ArrayTask:
-  job_id: str    # the array's, SLURM_ARRAY_JOB_ID
-  task_id: int   # SLURM_ARRAY_TASK_ID
-  index: int     # its place among the array's tasks, 0 first
-  count: int     # the array's tasks
+  """SLURM_ARRAY_JOB_ID, _TASK_ID, _TASK_MIN, _TASK_MAX, _TASK_STEP, _TASK_COUNT."""
+  job_id: str
+  task_id: int
+  low: int
+  high: int
+  step: int
+  count: int
 
   @property
   def name(self) -> str:
     return f"{self.job_id}_{self.task_id}"  # as squeue and scontrol name it
 
+  @property
+  def index(self) -> int:
+    """Its place among the array's tasks, 0 first; UsageError for an array whose tasks
+    are not one evenly stepped range (1,3,7), which has no such place."""
+    if (self.step < 1 or (self.high - self.low) // self.step + 1 != self.count
+        or (self.task_id - self.low) % self.step):
+      raise UsageError(f"array job {self.job_id}'s tasks ({self.count} of them, "
+                       f"{self.low}-{self.high}) are not one range; submit the suite "
+                       "with --array=0-N (or A-B:S)")
+    return (self.task_id - self.low) // self.step
+
 
 def array_task(environ: Mapping[str, str] = os.environ) -> Optional[ArrayTask]:
-  """This process's Slurm array task; None outside an array job. UsageError for an
-  array whose tasks are not one evenly stepped range (1,3,7)."""
+  """This process's Slurm array task; None outside an array job."""
   if "SLURM_ARRAY_TASK_ID" not in environ:
     return None
   try:
-    job, task = environ["SLURM_ARRAY_JOB_ID"], int(environ["SLURM_ARRAY_TASK_ID"])
-    low, high = int(environ["SLURM_ARRAY_TASK_MIN"]), int(environ["SLURM_ARRAY_TASK_MAX"])
-    count, step = (int(environ["SLURM_ARRAY_TASK_COUNT"]),
-                   int(environ.get("SLURM_ARRAY_TASK_STEP", "1")))
+    return ArrayTask(environ["SLURM_ARRAY_JOB_ID"], int(environ["SLURM_ARRAY_TASK_ID"]),
+                     int(environ["SLURM_ARRAY_TASK_MIN"]),
+                     int(environ["SLURM_ARRAY_TASK_MAX"]),
+                     int(environ.get("SLURM_ARRAY_TASK_STEP", "1")),
+                     int(environ["SLURM_ARRAY_TASK_COUNT"]))
   except (KeyError, ValueError) as e:
     raise UsageError(f"this Slurm array task's variables are incomplete ({e}); submit "
                      "the suite with sbatch --array") from None
-  if step < 1 or (high - low) // step + 1 != count or (task - low) % step:
-    raise UsageError(f"array job {job}'s tasks ({count} of them, {low}-{high}) are not "
-                     "one range; submit the suite with --array=0-N (or A-B:S)")
-  return ArrayTask(job, task, (task - low) // step, count)
 
 
 def share(runs: list, task: ArrayTask, suite_name: str) -> list:
