@@ -49,6 +49,11 @@ setup(
         "ray": ["ray>=2.9,<3", "torch==2.13.0"],
         # --system=torch (the same pin: the CPU build on these machines' disk).
         "torch": ["torch==2.13.0"],
+        # AMD's ZenDNN for torch: one more GEMM path the probe may choose on AMD CPUs
+        # (docs/systems.md, "GEMM paths"); the release built for torch 2.13, without
+        # its dependencies' pins (it asks for a plain `torch`).
+        "zentorch": ["zentorch==2.13.0.2; platform_machine == 'x86_64'", "torch==2.13.0",
+                     "deprecated", "safetensors"],
         # scripts/hf_t5_reference.py: Hugging Face's T5 in PyTorch, the speed reference
         # --system=torch is compared with (docs/systems.md); no test needs it.
         "compare": ["transformers>=5,<6", "torch==2.13.0"],

@@ -18,7 +18,7 @@ from absl import flags
 from absl import logging
 
 from tf_tput import config, data, errors, models, pipeline, systems
-from tf_tput.measure import loop, metrics, peak as peak_lib, peak_store
+from tf_tput.measure import gemm, loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, keys, provenance, results
 from tf_tput.runtime import host_memory, islands, topology as topology_lib, watchdog
 from tf_tput.errors import UsageError
@@ -85,6 +85,11 @@ flags.DEFINE_bool("reprobe_peak", False, "Measure this CPU's matmul peak (MFU's 
                   "denominator) again, and keep the new one, instead of the probe kept "
                   "in $XDG_CACHE_HOME/tf_tput/peaks.json (~/.cache/tf_tput/ without "
                   "XDG_CACHE_HOME) for this CPU, framework version and dtype.")
+flags.DEFINE_string("gemm", gemm.AUTO, "The GEMM path the framework's CPU matmuls "
+                    "take, where it has several (docs/systems.md, 'GEMM paths'): "
+                    f"'{gemm.AUTO}' is the fastest of their peak probes, each probed "
+                    "once per machine and kept beside the peak; a name forces that "
+                    "path. Records say which ran (env.gemm).")
 flags.DEFINE_float("step_timeout_s", None, "End the run as failed, naming the step, "
                    "when a window of the measured loop (sync_every steps) after the "
                    "first has not completed after this many seconds: a hung collective "
@@ -103,7 +108,8 @@ FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warm
 OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_devices",
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
              "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
-             "compilation_cache_dir", "reprobe_peak", "keep_freed_memory", "step_timeout_s")
+             "compilation_cache_dir", "reprobe_peak", "keep_freed_memory", "step_timeout_s",
+             "gemm")
 
 
 def _bindings() -> list:
@@ -137,6 +143,7 @@ class Outcome:
   nodes: tuple = ()
   # How the run ended when a signal or the watchdog ended it (runtime/watchdog.py).
   ending: Optional[watchdog.Ending] = None
+  gemm: Optional[dict] = None  # the record's env.gemm (measure/gemm.py)
 
 
 def _status(outcome: Outcome) -> tuple:
@@ -193,7 +200,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
       "run_key": run_key,
   }, topology.describe(), systems.distributions(), status=status, error=error,
-      run_id=run_id, started_at=started_at)
+      run_id=run_id, started_at=started_at, env_fields={"gemm": outcome.gemm})
 
 
 def _launch_fields() -> dict:
@@ -355,11 +362,11 @@ def _user_cache() -> str:
   return base
 
 
-def _peak_store(system) -> peak_store.PeakStore:
-  """Where this CPU's probe for the system's framework is kept (--reprobe_peak)."""
+def _peak_store(system, reprobe: bool) -> peak_store.PeakStore:
+  """Where this CPU's probes for the system's framework are kept (--reprobe_peak)."""
   return peak_store.PeakStore(
       os.path.join(_user_cache(), "tf_tput", peak_store.FILE_NAME),
-      provenance.versions(system.distributions), reprobe=FLAGS.reprobe_peak)
+      provenance.versions(system.distributions), reprobe=reprobe)
 
 
 def _compilation_cache_dir() -> Optional[str]:
@@ -398,6 +405,8 @@ def _checked_request():
                        f"{MAX_TIMEOUT_S:g}")
   tpu_address = _check_strategy(experiment)
   _check_processes(systems.load(FLAGS.system))
+  gemm.check(systems.load(FLAGS.system).runtime, FLAGS.strategy,
+             experiment.model.activation_dtype, FLAGS.gemm)
   _check_islands(experiment)
   if FLAGS.num_cpu_devices is not None:
     config.validate(experiment, num_devices=FLAGS.num_cpu_devices * num_processes,
@@ -633,6 +642,16 @@ def run() -> int:
     try:
       if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
         system.runtime.compilation_cache(cache_dir)
+      # Before the framework loads: a path is the environment it loads under. Only
+      # process 0 reprobes; the others read what it kept (the store's lock orders them).
+      outcome.stage = "GEMM path probe"
+      gemm_started = loop.CLOCK()
+      store = _peak_store(system, FLAGS.reprobe_peak and writes_record)
+      outcome.gemm = gemm.choose(FLAGS.system, system.runtime, FLAGS.strategy,
+                                 experiment.model.activation_dtype, store, FLAGS.gemm)
+      store = store.for_gemm(outcome.gemm and outcome.gemm["path"])
+      gemm_s = loop.CLOCK() - gemm_started  # the harness's probes: not startup
+      outcome.stage = "devices"
       topology = _resolve_devices(system, experiment, tpu_address)
       guard.take_signals()  # back from jax.distributed's preemption notifier
       logging.info("run %s: %s on %s, %d %s device(s) in %d process(es)", run_id,
@@ -642,13 +661,12 @@ def run() -> int:
       # cores.
       outcome.stage = "peak probe"
       probe_started = loop.CLOCK()
-      store = _peak_store(system)
       peak, peak_source = peak_lib.probe_alone(system.runtime, topology,
                                                experiment.model.activation_dtype,
                                                probes=writes_record, store=store)
       probe_s = loop.CLOCK() - probe_started  # the harness's matmul: not startup
       _train(system, experiment, topology, writes_record, run_id, outcome,
-             startup_origin=run_started + probe_s, guard=guard)
+             startup_origin=run_started + gemm_s + probe_s, guard=guard)
       if writes_record and not outcome.measurement.error and not guard.should_stop():
         outcome.stage = "peak probe after the run"  # a failed run's goes as it is
         peak, peak_source = peak_lib.reprobed(system.runtime, topology,

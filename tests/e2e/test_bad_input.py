@@ -60,13 +60,15 @@ def _fails(tmp_path, *args, expect: str):
     ((TINY, "--cluster_timeout_s=nan"), "--cluster_timeout_s=nan; it must be > 0"),
     ((TINY, "--step_timeout_s=0"), "--step_timeout_s=0.0; it must be > 0"),
     ((TINY, "--step_timeout_s=-5"), "--step_timeout_s=-5.0; it must be > 0"),
+    ((TINY, "--gemm=blis"), "--gemm=blis: tf offers "),
 ], ids=["unknown-binding", "unknown-gin-file", "mesh-vs-devices", "batch-divisibility",
         "heads-divisibility", "d_ff-divisibility", "vocab-divisibility", "steps-zero",
         "warmup-zero", "unknown-system", "log-every-zero", "gin-syntax",
         "layout-twice", "no-model", "strategy-for-jax", "cpu-devices-in-a-cluster",
         "cluster-timeout-zero", "tpu-flag-locally", "tpu-without-address", "tpu-float32",
         "gather-on-mtf", "tpu-type-unknown", "tpu-type-on-cpu-mtf",
-        "cluster-timeout-nan", "step-timeout-zero", "step-timeout-negative"])
+        "cluster-timeout-nan", "step-timeout-zero", "step-timeout-negative",
+        "gemm-unknown"])
 def test_bad_request_fails_fast_with_one_line(tmp_path, args, expect):
   _fails(tmp_path, *args, expect=expect)
 

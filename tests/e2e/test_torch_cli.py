@@ -32,10 +32,11 @@ def _records(path) -> list:
 @pytest.mark.loopback_ports
 def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
   one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
-  proc = run_cli(*TRAIN, f"--results={one}")
+  # oneDNN's GEMM path, forced (tf_tput/measure/gemm.py): every process takes it.
+  proc = run_cli(*TRAIN, "--gemm=onednn", f"--results={one}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
-                 *TRAIN, "--gin_file=data2", f"--results={two}")
+                 *TRAIN, "--gemm=onednn", "--gin_file=data2", f"--results={two}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   [alone], [launched] = _records(one), _records(two)  # only process 0 appends
   for record in (alone, launched):
@@ -45,6 +46,8 @@ def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
     assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
     assert record["env"]["torch"]
     assert record["compilation_cache"] is None  # eager: nothing asked torch.compile's
+    assert record["env"]["gemm"] == {"path": "onednn", "chosen_by": "--gemm",
+                                     "probed_gflops": {}}
     assert all(isinstance(x, float) and math.isfinite(x) for x in record["losses"])
   assert (alone["num_processes"], alone["num_devices"], alone["strategy"]) == (
       1, 1, "local")

@@ -54,6 +54,15 @@ def _check_trained(record, model: str, tokens_per_step: int):
   assert record["warmup_s"] >= record["first_step_s"]
   assert record["compile_s"] is None and record["compilation_cache"] is None
   assert record["env"]["tensorflow"] and record["env"]["mesh_tensorflow"] == "0.1.21"
+  # TF's GEMM path (tf_tput/measure/gemm.py): the faster probe of Eigen and oneDNN,
+  # unless the environment chose (TF_ENABLE_ONEDNN_OPTS).
+  gemm = record["env"]["gemm"]
+  assert gemm["path"] in ("eigen", "onednn")
+  if gemm["chosen_by"] != "the only path offered":
+    assert gemm["chosen_by"] == "the fastest probe"
+    assert set(gemm["probed_gflops"]) == {"eigen", "onednn"}
+    probed = gemm["probed_gflops"]
+    assert probed[gemm["path"]] == max(probed.values())
 
 
 # One run for TensorBoard, the trace and another working directory (each run builds

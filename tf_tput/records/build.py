@@ -6,6 +6,7 @@ import json
 import logging
 import numbers
 import uuid
+from typing import Optional
 
 from tf_tput.records import provenance, results
 
@@ -20,13 +21,16 @@ def utc_now() -> str:
 
 
 def record(schema: str, fields: dict, accelerators: list, distributions: dict, *,
-           status: str, error=None, run_id=None, started_at=None) -> dict:
+           status: str, error=None, run_id=None, started_at=None,
+           env_fields: Optional[dict] = None) -> dict:
   """A `schema` record in its schema's field order; env carries the versions of
-  `distributions` (tf_tput.systems.distributions()). Fields the schema does not know
-  are kept (after the known ones), so results.validate names them."""
+  `distributions` (tf_tput.systems.distributions()), then env_fields (what the run
+  chose of its environment: train's gemm). Fields the schema does not know are kept
+  (after the known ones), so results.validate names them."""
   whole = {"schema": schema, "run_id": run_id or new_run_id(),
            "started_at": started_at or utc_now(), "status": status, "error": error,
-           **fields, "env": provenance.env(accelerators, distributions),
+           **fields, "env": {**provenance.env(accelerators, distributions),
+                             **(env_fields or {})},
            "git_commit": provenance.git_commit()}
   ordered = {key: whole.pop(key) for key in results.fields_of(schema) if key in whole}
   ordered.update(whole)

@@ -46,7 +46,7 @@ class StartError(OSError):
   """The command could not be started at all."""
 
 
-def _die_with_parent() -> None:
+def bind_to_parent() -> None:
   """In the child: be killed if the launcher dies, even by SIGKILL (Linux).
 
   SIGKILL, not SIGTERM: a dead launcher cannot escalate after a grace period, and a
@@ -137,7 +137,7 @@ def popen(command: list, die_with_parent: bool = True, **kwargs) -> subprocess.P
   """Starts `command` in its own session (so its whole group can be signalled)."""
   try:
     return subprocess.Popen(command, start_new_session=True,
-                            preexec_fn=_die_with_parent if die_with_parent else None,
+                            preexec_fn=bind_to_parent if die_with_parent else None,
                             **kwargs)
   except OSError as e:
     raise StartError(f"cannot start {command[0]!r}: {e.strerror}") from None

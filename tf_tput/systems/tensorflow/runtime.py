@@ -27,6 +27,11 @@ from tf_tput.runtime.topology import Topology
 from tf_tput.systems.tensorflow import cluster as tf_cluster, workers as tf_workers
 
 
+# TF's switch between its Eigen kernels and oneDNN's; unset, TF turns oneDNN on only
+# where the CPU has AVX-512 VNNI, BF16 or AMX.
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+
+
 class TfRuntime:
   name = "tf"
   finds_local_tpus = False  # TF reaches a TPU through --strategy=tpu only
@@ -59,6 +64,19 @@ class TfRuntime:
       return (_resolve_tpu_strategy(tpu_address, cluster_timeout_s) if every_worker
               else _resolve_tpu(tpu_address, cluster_timeout_s))
     return _resolve_local(num_cpu_devices)
+
+  def gemm_paths(self, strategy: str, dtype: str) -> dict:
+    """TF's CPU matmuls through Eigen or oneDNN (TF_ENABLE_ONEDNN_OPTS, read when TF
+    loads), on local devices; where the environment sets the variable, that path
+    only. On a TPU, or where the devices are worker servers' (started with their own
+    environment), none."""
+    if strategy != "local":
+      return {}
+    set_value = os.environ.get(ONEDNN_ENV)
+    if set_value is not None:
+      name = "eigen" if set_value.strip().lower() in ("0", "false") else "onednn"
+      return {name: {ONEDNN_ENV: set_value}}
+    return {"eigen": {ONEDNN_ENV: "0"}, "onednn": {ONEDNN_ENV: "1"}}
 
   def matmul_runner(self, topology, n: int, dtype: str):
     from tf_tput.measure import peak

@@ -24,6 +24,7 @@ import torch
 
 from tf_tput import models
 from tf_tput.config import ModelConfig
+from tf_tput.systems.torch import gemm
 from tf_tput.systems.tensorflow.mtf.numerics import (
     MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
 
@@ -98,19 +99,20 @@ def _attention(p, prefix, x, memory, bias, m):
   batch, length, _ = x.shape
   memory_length = memory.shape[1]
   heads, d_kv = m.num_heads, m.d_kv
-  q = (x @ p[f"{prefix}/q"]).reshape(batch, length, heads, d_kv)
-  k = (memory @ p[f"{prefix}/k"]).reshape(batch, memory_length, heads, d_kv)
-  v = (memory @ p[f"{prefix}/v"]).reshape(batch, memory_length, heads, d_kv)
+  q = gemm.matmul(x, p[f"{prefix}/q"]).reshape(batch, length, heads, d_kv)
+  k = gemm.matmul(memory, p[f"{prefix}/k"]).reshape(batch, memory_length, heads, d_kv)
+  v = gemm.matmul(memory, p[f"{prefix}/v"]).reshape(batch, memory_length, heads, d_kv)
   logits = torch.einsum("blhk,bmhk->bhlm", q.float(), k.float())
   logits = logits + bias.float()
   weights = _softmax(logits).to(v.dtype)
   o = torch.einsum("bhlm,bmhk->blhk", weights, v).reshape(batch, length, heads * d_kv)
-  return o @ p[f"{prefix}/o"]
+  return gemm.matmul(o, p[f"{prefix}/o"])
 
 
 def _dense_relu_dense(p, prefix, x):
   """transformer_layers.DenseReluDense: relu(x @ wi) @ wo, no biases."""
-  return torch.relu(x @ p[f"{prefix}/wi/kernel"]) @ p[f"{prefix}/wo/kernel"]
+  return gemm.matmul(torch.relu(gemm.matmul(x, p[f"{prefix}/wi/kernel"])),
+                     p[f"{prefix}/wo/kernel"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,7 +203,7 @@ def _embed(embedding, ids, method: str):
   matmul for its gradient); gather is a row lookup with the same values (its
   gradient a scatter-add)."""
   if method == "one_hot":
-    return _one_hot(ids, embedding.shape[0], embedding.dtype) @ embedding
+    return gemm.matmul(_one_hot(ids, embedding.shape[0], embedding.dtype), embedding)
   return torch.nn.functional.embedding(ids, embedding)
 
 
@@ -218,7 +220,7 @@ def _loss(embedding, x, targets, denominator):
   """
   dtype = x.dtype
   x = x * (x.shape[-1] ** -0.5)
-  logits = x @ embedding.t()
+  logits = gemm.matmul(x, embedding.t())
   log_z = _logsumexp(logits)
   target_logits = torch.gather(logits, -1, targets.unsqueeze(-1).long())
   loss = -(target_logits - log_z)[..., 0]

@@ -223,19 +223,32 @@ class TorchRuntime:
                     handles={"device": device, "rank": process_id},
                     nodes=tuple(sorted(set(nodes))))
 
+  def gemm_paths(self, strategy: str, dtype: str) -> dict:
+    """On CPUs, the GEMM paths of this installation (gemm.py), each selected by
+    gemm.PATH_ENV; none where torch sees a GPU (cuBLAS is the one path there)."""
+    import torch
+    from tf_tput.systems.torch import gemm
+    if torch.cuda.is_available():
+      return {}
+    return {name: {gemm.PATH_ENV: name} for name in gemm.offered()}
+
   def matmul_runner(self, topology, n: int, dtype: str):
     import torch
     from tf_tput.measure import peak
+    from tf_tput.systems.torch import gemm
     where = f"torch {dtype} peak probe"
     device = topology.handles.get("device", "cpu")
     a = torch.ones((n, n), dtype=getattr(torch, dtype), device=device)
+    matmul = gemm.matmul if device == "cpu" else torch.matmul
+    if device == "cpu":
+      gemm.select()  # the path the run's matmuls take
 
     def run():
       threads = torch.get_num_threads()
       if device == "cpu":  # the other processes wait at the barrier: every core is free
         torch.set_num_threads(host_cores())
       try:
-        corner = torch.matmul(a, a)[0, 0]  # the whole product is computed
+        corner = matmul(a, a)[0, 0]  # the whole product is computed
         peak.check_matmul_corner(corner.item(), n, where)  # reading a value waits
       finally:
         torch.set_num_threads(threads)

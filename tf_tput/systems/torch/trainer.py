@@ -41,6 +41,7 @@ class TorchTrainer:
   def __init__(self, experiment, device: str = "cpu", rank: int = 0, world_size: int = 1,
                compile: bool = False):  # pylint: disable=redefined-builtin
     import torch
+    from tf_tput.systems.torch import gemm as torch_gemm
     from tf_tput.systems.torch import model as torch_model
 
     self._torch = torch
@@ -50,6 +51,8 @@ class TorchTrainer:
       raise ValueError(f"global batch {global_batch} does not split over {world_size} "
                        "processes")
     self._device = torch.device(device)
+    if self._device.type == "cpu":
+      torch_gemm.select()  # the GEMM path gemm.choose set in the environment
     self._rank, self._world_size = rank, world_size
     rows = global_batch // world_size
     self._rows = slice(rank * rows, (rank + 1) * rows)

@@ -1,0 +1,134 @@
+"""tf_tput/measure/gemm.py: the fastest path's probe is chosen, kept per path beside
+the peak, a failed probe recorded and never chosen, --gemm forces a path or is one
+error line; the runtimes' paths (TF's oneDNN switch, torch's libraries) and torch's
+library matmuls against torch's own, values and gradients. A train run's env.gemm:
+tests/e2e/test_gemm_cli.py."""
+
+import os
+
+import pytest
+
+from tf_tput.errors import UsageError
+from tf_tput.measure import gemm, peak_store
+from tf_tput.systems.tensorflow import runtime as tf_runtime
+
+
+class FakeRuntime:
+  name = "fake"
+
+  def __init__(self, offered):
+    self.offered = offered
+
+  def gemm_paths(self, strategy, dtype):
+    return self.offered
+
+
+PATHS = {"slow": {"TF_TPUT_TEST_GEMM": "slow"}, "fast": {"TF_TPUT_TEST_GEMM": "fast"},
+         "broken": {"TF_TPUT_TEST_GEMM": "broken"}}
+FLOPS = {"slow": 100e9, "fast": 150e9}
+
+
+@pytest.fixture
+def probes(monkeypatch):
+  """Child probes answered from FLOPS ('broken' fails), counted."""
+  asked = []
+
+  def probe(system_name, environment, dtype, n=2048):
+    name = environment["TF_TPUT_TEST_GEMM"]
+    asked.append(name)
+    if name not in FLOPS:
+      raise RuntimeError("exit 1: no such library")
+    return FLOPS[name]
+  monkeypatch.setattr(gemm, "probe_in_child", probe)
+  monkeypatch.delenv("TF_TPUT_TEST_GEMM", raising=False)
+  return asked
+
+
+def _store(tmp_path, reprobe=False):
+  return peak_store.PeakStore(str(tmp_path / "peaks.json"), {"fake": "1"}, reprobe)
+
+
+def test_the_fastest_probe_is_chosen_and_each_path_kept(tmp_path, probes):
+  chosen = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path))
+  assert chosen["path"] == "fast" and chosen["chosen_by"] == "the fastest probe"
+  assert chosen["probed_gflops"]["slow"] == 100.0
+  assert chosen["probed_gflops"]["broken"].startswith("probe failed: exit 1")
+  assert os.environ["TF_TPUT_TEST_GEMM"] == "fast"
+  kept = _store(tmp_path).for_gemm("slow").get("fake", "float32", 2048)
+  assert kept.flops == 100e9
+  assert _store(tmp_path).get("fake", "float32", 2048) is None  # per path only
+  # A second run reads the kept probes; only the failed one is probed again.
+  del probes[:]
+  again = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path))
+  assert probes == ["broken"] and again["path"] == "fast"
+  # --reprobe_peak probes every path again.
+  del probes[:]
+  gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path, True))
+  assert probes == list(PATHS)
+
+
+def test_forced_only_and_no_paths(tmp_path, probes):
+  forced = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path),
+                       requested="slow")
+  assert forced == {"path": "slow", "chosen_by": "--gemm", "probed_gflops": {}}
+  assert os.environ["TF_TPUT_TEST_GEMM"] == "slow"
+  only = gemm.choose("fake", FakeRuntime({"fast": PATHS["fast"]}), "local", "float32",
+                     _store(tmp_path))
+  assert only["chosen_by"] == "the only path offered"
+  assert gemm.choose("fake", FakeRuntime({}), "local", "float32", _store(tmp_path)) is None
+  assert probes == []
+
+
+def test_every_probe_failing_runs_the_first_path(tmp_path, probes):
+  offered = {"broken": PATHS["broken"], "also": {"TF_TPUT_TEST_GEMM": "also"}}
+  chosen = gemm.choose("fake", FakeRuntime(offered), "local", "float32", _store(tmp_path))
+  assert chosen["path"] == "broken"
+  assert chosen["chosen_by"] == "every probe failed: the first path"
+
+
+def test_an_unknown_path_is_one_error_line():
+  with pytest.raises(UsageError, match=r"--gemm=blis: fake offers slow, fast, broken"):
+    gemm.check(FakeRuntime(PATHS), "local", "float32", "blis")
+  gemm.check(FakeRuntime({}), "local", "float32", gemm.AUTO)  # auto: always
+
+
+def test_tf_paths_follow_its_onednn_switch(monkeypatch):
+  runtime = tf_runtime.RUNTIME
+  monkeypatch.delenv(tf_runtime.ONEDNN_ENV, raising=False)
+  assert runtime.gemm_paths("local", "float32") == {
+      "eigen": {tf_runtime.ONEDNN_ENV: "0"}, "onednn": {tf_runtime.ONEDNN_ENV: "1"}}
+  assert runtime.gemm_paths("multi_worker", "float32") == {}  # the servers' own
+  monkeypatch.setenv(tf_runtime.ONEDNN_ENV, "0")  # the user's choice stands
+  assert runtime.gemm_paths("local", "float32") == {"eigen": {tf_runtime.ONEDNN_ENV: "0"}}
+
+
+@pytest.mark.parametrize("name", ["onednn", "zentorch"])
+def test_torch_library_matmul_matches_torch(name):
+  torch = pytest.importorskip("torch")
+  from tf_tput.systems.torch import gemm as torch_gemm
+  if name not in torch_gemm.offered():
+    pytest.skip(f"this torch has no {name} path")
+  generator = torch.Generator().manual_seed(0)
+  x = torch.randn(3, 5, 16, generator=generator, requires_grad=True)
+  w = torch.randn(16, 8, generator=generator, requires_grad=True)
+  try:
+    torch_gemm.select("aten")
+    expected = torch_gemm.matmul(x, w)
+    expected_grads = torch.autograd.grad(expected.square().sum(), (x, w))
+    assert torch_gemm.select(name) == name
+    got = torch_gemm.matmul(x, w.t().contiguous().t())  # a strided weight too
+    grads = torch.autograd.grad(got.square().sum(), (x, w))
+  finally:
+    torch_gemm.select("aten")
+  assert got.shape == (3, 5, 8)
+  torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+  for g, e in zip(grads, expected_grads, strict=True):
+    torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)
+
+
+def test_torch_refuses_a_path_it_lacks():
+  pytest.importorskip("torch")
+  from tf_tput.systems.torch import gemm as torch_gemm
+  with pytest.raises(ValueError, match="TF_TPUT_TORCH_GEMM=blis: this torch offers aten"):
+    torch_gemm.select("blis")
+  assert torch_gemm.selected() == "aten"

@@ -1,0 +1,103 @@
+"""A framework's fastest GEMM path on this CPU, chosen by the peak probe's matmul.
+
+One framework may multiply through several libraries, and which is fastest depends
+on the CPU: on a 2-core AMD EPYC with AVX2 only, TF's Eigen reached 122 GFLOP/s and
+its oneDNN 170 (TF turns oneDNN on by default only where the CPU has AVX-512 VNNI,
+BF16 or AMX); on AMD Zen 5, torch's MKL sgemm reached under half of what oneDNN does.
+A runtime that offers paths names them, each as the environment that selects it
+(read when the framework loads):
+
+    gemm_paths(strategy, dtype) -> {name: {variable: value}}   # {} or one: no choice
+
+Each path is probed once per machine: the peak probe's n x n matmul (peak.py), in a
+child process started with that path's environment, kept in the peak store under the
+path's name (PeakStore.for_gemm). The fastest is set in this process's environment
+before the framework loads, and its peak is the run's. The record's env.gemm says
+which path ran, how it was chosen and what every path's probe gave.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from typing import Optional
+
+from tf_tput.errors import UsageError
+from tf_tput.measure import peak as peak_lib
+
+AUTO = "auto"  # --gemm's default: the fastest path's probe
+PROBE_TIMEOUT_S = 600  # one child probe; bfloat16 without native instructions is slow
+PROBE_MODULE = "tf_tput.measure.gemm_probe"
+
+
+def paths(runtime, strategy: str, dtype: str) -> dict:
+  """The runtime's GEMM paths for this run ({} where it offers none)."""
+  offer = getattr(runtime, "gemm_paths", None)
+  return dict(offer(strategy, dtype)) if offer else {}
+
+
+def check(runtime, strategy: str, dtype: str, requested: str) -> None:
+  """--gemm names a path the runtime offers here, or is auto: UsageError in one line."""
+  if requested == AUTO:
+    return
+  offered = paths(runtime, strategy, dtype)
+  if requested not in offered:
+    raise UsageError(f"--gemm={requested}: {runtime.name} offers "
+                     f"{', '.join(offered) or 'no GEMM paths'} here (strategy "
+                     f"{strategy}, {dtype}); use one of those or --gemm={AUTO}")
+
+
+def probe_in_child(system_name: str, environment: dict, dtype: str,
+                   n: int = peak_lib.MATMUL_PEAK_SIZE) -> float:
+  """FLOP/s of the peak probe's matmul in a child process with `environment` added:
+  the framework loads there as the path needs it. RuntimeError with the child's last
+  words when it fails."""
+  from tf_tput.runtime import processes
+  done = subprocess.run(
+      [sys.executable, "-m", PROBE_MODULE, system_name, dtype, str(n)],
+      env={**os.environ, **environment}, capture_output=True, text=True,
+      timeout=PROBE_TIMEOUT_S, preexec_fn=processes.bind_to_parent, check=False)
+  lines = done.stdout.strip().splitlines()
+  if done.returncode or not lines:
+    tail = " | ".join((done.stderr or "").strip().splitlines()[-2:])[-300:]
+    raise RuntimeError(f"exit {done.returncode}: {tail or 'no output'}")
+  return float(json.loads(lines[-1])["flops"])
+
+
+def choose(system_name: str, runtime, strategy: str, dtype: str, store,
+           requested: str = AUTO) -> Optional[dict]:
+  """Sets the chosen path's environment in this process and returns the record's
+  env.gemm ({"path", "chosen_by", "probed_gflops"}), or None where the runtime offers
+  no paths. auto: every path's kept probe, or a new one in a child (kept), the
+  fastest chosen; under the store's lock, so the processes of one run on one host
+  probe one at a time and choose alike. A path whose probe fails is not chosen, its
+  error recorded; where every one fails, the first path runs."""
+  offered = paths(runtime, strategy, dtype)
+  if not offered:
+    return None
+  probed = {}
+  if requested != AUTO:
+    chosen, chosen_by = requested, "--gemm"
+  elif len(offered) == 1:
+    chosen, chosen_by = next(iter(offered)), "the only path offered"
+  else:
+    with store.locked():
+      for name, environment in offered.items():
+        path_store = store.for_gemm(name)
+        kept = path_store.get(runtime.name, dtype, peak_lib.MATMUL_PEAK_SIZE)
+        try:
+          flops = kept.flops if kept else probe_in_child(system_name, environment, dtype)
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+          probed[name] = f"probe failed: {e}"
+          continue
+        if not kept:
+          path_store.put(runtime.name, dtype, peak_lib.MATMUL_PEAK_SIZE, flops,
+                         locked=True)
+        probed[name] = round(flops / 1e9, 1)
+    numbers = {name: value for name, value in probed.items()
+               if isinstance(value, float)}
+    chosen = max(numbers, key=numbers.get) if numbers else next(iter(offered))
+    chosen_by = ("the fastest probe" if numbers
+                 else "every probe failed: the first path")
+  os.environ.update(offered[chosen])
+  return {"path": chosen, "chosen_by": chosen_by, "probed_gflops": probed}
