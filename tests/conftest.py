@@ -21,6 +21,17 @@ os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 atexit.register(shutil.rmtree, _CACHE_HOME, True)
 
 
+# One GEMM path per framework for the tests' runs (tf_tput/measure/gemm.py), set as a
+# user sets it, so that no run probes every path in child processes: each xdist
+# worker has a peak store of its own, and TF's two probes took ~26 s a worker and
+# dtype. Eigen, not oneDNN: on the tests' tiny models oneDNN's per-op setup made each
+# mtf run slower (t5_tiny on 2x2, 10 steps: 25.6 s against 27.9 s). The tests of the
+# choice itself remove these (test_gemm.py, test_train_cli.py, test_torch_cli.py).
+GEMM_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_TPUT_TORCH_GEMM": "aten"}
+for _name, _value in GEMM_ENV.items():
+  os.environ.setdefault(_name, _value)
+
+
 # Tests of Ctrl-C send SIGINT to the entry points (and to pytest itself) and expect
 # KeyboardInterrupt. A shell starts a background job (`cmd &`, nohup) with SIGINT
 # ignored, children inherit that, and Python then installs no KeyboardInterrupt

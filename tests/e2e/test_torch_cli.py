@@ -14,6 +14,7 @@ from tf_tput.records import provenance, results
 from cli_helpers import run_cli
 
 pytest.importorskip("torch")
+from tf_tput.systems.torch import gemm as torch_gemm  # imports torch
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 TRAIN = ("tf_tput.train", "--system=torch", "--gin_file=t5_tiny", "--steps=2",
@@ -30,7 +31,8 @@ def _records(path) -> list:
 # One launch for every check of launched processes (tests/conftest.py: the
 # coordinator's port).
 @pytest.mark.loopback_ports
-def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path):
+def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path, monkeypatch):
+  monkeypatch.delenv(torch_gemm.PATH_ENV)  # tests/conftest.py's choice: --gemm's here
   one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
   # oneDNN's GEMM path, forced (tf_tput/measure/gemm.py): every process takes it.
   proc = run_cli(*TRAIN, "--gemm=onednn", f"--results={one}")

@@ -2,7 +2,7 @@
 the peak, a failed probe recorded and never chosen, --gemm forces a path or is one
 error line; the runtimes' paths (TF's oneDNN switch, torch's libraries) and torch's
 library matmuls against torch's own, values and gradients. A train run's env.gemm:
-tests/e2e/test_gemm_cli.py."""
+tests/e2e/test_train_cli.py (TF's probes) and test_torch_cli.py (--gemm)."""
 
 import os
 
@@ -100,6 +100,19 @@ def test_tf_paths_follow_its_onednn_switch(monkeypatch):
   assert runtime.gemm_paths("multi_worker", "float32") == {}  # the servers' own
   monkeypatch.setenv(tf_runtime.ONEDNN_ENV, "0")  # the user's choice stands
   assert runtime.gemm_paths("local", "float32") == {"eigen": {tf_runtime.ONEDNN_ENV: "0"}}
+
+
+def test_torch_paths_are_its_libraries_or_the_one_the_environment_sets(monkeypatch):
+  pytest.importorskip("torch")
+  from tf_tput.systems.torch import gemm as torch_gemm
+  from tf_tput.systems.torch import runtime as torch_runtime
+  monkeypatch.delenv(torch_gemm.PATH_ENV, raising=False)
+  offered = torch_runtime.RUNTIME.gemm_paths("local", "float32")
+  assert offered == {name: {torch_gemm.PATH_ENV: name} for name in torch_gemm.offered()}
+  assert "aten" in offered
+  monkeypatch.setenv(torch_gemm.PATH_ENV, "onednn")  # the user's choice stands
+  assert torch_runtime.RUNTIME.gemm_paths("local", "float32") == {
+      "onednn": {torch_gemm.PATH_ENV: "onednn"}}
 
 
 @pytest.mark.parametrize("name", ["onednn", "zentorch"])
