@@ -14,11 +14,6 @@
 # mtf ("vs mtf"); the records go to results/bench-<time>.jsonl. Extra arguments go to
 # every run, e.g. --steps=5.
 TF_TPUT_EXTRAS="test,jax,torch"
-# On AMD CPUs torch's GEMM probe may also choose AMD's ZenDNN (docs/systems.md, "GEMM
-# paths").
-if grep -q -m1 AuthenticAMD /proc/cpuinfo 2>/dev/null && [ "$(uname -m)" = x86_64 ]; then
-  TF_TPUT_EXTRAS="$TF_TPUT_EXTRAS,zentorch"
-fi
 source "$(dirname "$0")/_venv.sh"
 out="results/bench-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 mkdir -p results

@@ -11,7 +11,8 @@ the sums differs, which parity's tolerances admit.
 * onednn: oneDNN's matmul (torch.ops.mkldnn._linear_pointwise, the op inductor's
   CPU fusions use), forward and both gradients;
 * zentorch: AMD's ZenDNN (torch.ops.zentorch.zentorch_mm), where the zentorch
-  package is installed (`pip install -e ".[zentorch]"`, x86 only).
+  package is installed (`pip install -e ".[zentorch]"`, x86 only) and the
+  environment names it (ENVIRONMENT_ONLY below).
 
 The path comes from the environment (PATH_ENV), which gemm.choose sets before the
 trainer is built; select() reads it.
@@ -35,6 +36,20 @@ def offered() -> tuple:
   if importlib.util.find_spec("zentorch") is not None:
     out.append("zentorch")
   return tuple(out)
+
+
+# Paths run only where the environment names them (PATH_ENV), never by the probe's
+# choice: on a 2-core Zen 3 EPYC zentorch's 2048 x 2048 probe tied or beat aten's
+# (182 against 146 GFLOP/s) while T5 Small trained 1.2-1.3x slower on it (570 and 606
+# against 730 and 728 tokens/s, alternating; docs/results/2026-12-07-cpu-table-epyc-
+# zen3.md): the model's smaller matmuls pay ZenDNN's per-call cost, which one large
+# matmul hides.
+ENVIRONMENT_ONLY = ("zentorch",)
+
+
+def probed() -> tuple:
+  """The paths the probe chooses among: offered() but those ENVIRONMENT_ONLY."""
+  return tuple(name for name in offered() if name not in ENVIRONMENT_ONLY)
 
 
 def _onednn_mm(a, b):
