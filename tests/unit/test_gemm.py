@@ -79,6 +79,31 @@ def test_forced_only_and_no_paths(tmp_path, probes):
   assert probes == []
 
 
+class NamedOnlyRuntime(FakeRuntime):
+  gemm_paths_named_only = ("fast", "absent")
+
+
+def test_a_path_named_only_is_forced_never_probed(tmp_path, probes):
+  runtime = NamedOnlyRuntime(PATHS)
+  gemm.check(runtime, "local", "float32", "fast")  # --gemm may name it
+  chosen = gemm.choose("fake", runtime, "local", "float32", _store(tmp_path))
+  assert probes == ["slow", "broken"] and chosen["path"] == "slow"
+  assert chosen["probed_gflops"]["fast"].startswith("not probed")
+  forced = gemm.choose("fake", runtime, "local", "float32", _store(tmp_path), "fast")
+  assert forced["path"] == "fast" and os.environ["TF_TPUT_TEST_GEMM"] == "fast"
+  # One path left to auto is chosen unprobed; the one path offered is that one.
+  del probes[:]
+  two = {"slow": PATHS["slow"], "fast": PATHS["fast"]}
+  chosen = gemm.choose("fake", NamedOnlyRuntime(two), "local", "float32",
+                       _store(tmp_path))
+  assert chosen["path"] == "slow" and chosen["chosen_by"] == "the only path auto chooses"
+  only = gemm.choose("fake", NamedOnlyRuntime({"fast": PATHS["fast"]}), "local",
+                     "float32", _store(tmp_path))
+  assert only == {"path": "fast", "chosen_by": "the only path offered",
+                  "probed_gflops": {}}
+  assert probes == []
+
+
 def test_every_probe_failing_runs_the_first_path(tmp_path, probes):
   offered = {"broken": PATHS["broken"], "also": {"TF_TPUT_TEST_GEMM": "also"}}
   chosen = gemm.choose("fake", FakeRuntime(offered), "local", "float32", _store(tmp_path))
@@ -108,9 +133,10 @@ def test_torch_paths_are_its_libraries_or_the_one_the_environment_sets(monkeypat
   from tf_tput.systems.torch import runtime as torch_runtime
   monkeypatch.delenv(torch_gemm.PATH_ENV, raising=False)
   offered = torch_runtime.RUNTIME.gemm_paths("local", "float32")
-  assert offered == {name: {torch_gemm.PATH_ENV: name} for name in torch_gemm.offered()
-                     if name != "zentorch"}  # zentorch: only where the user names it
+  assert offered == {name: {torch_gemm.PATH_ENV: name} for name in torch_gemm.offered()}
   assert "aten" in offered
+  # zentorch runs where the user names it, never by the probe's choice.
+  assert torch_runtime.RUNTIME.gemm_paths_named_only == ("zentorch",)
   for name in ("onednn", "zentorch"):  # the user's choice stands
     monkeypatch.setenv(torch_gemm.PATH_ENV, name)
     assert torch_runtime.RUNTIME.gemm_paths("local", "float32") == {
@@ -124,21 +150,26 @@ def test_torch_library_matmul_matches_torch(name):
   if name not in torch_gemm.offered():
     pytest.skip(f"this torch has no {name} path")
   generator = torch.Generator().manual_seed(0)
-  x = torch.randn(3, 5, 16, generator=generator, requires_grad=True)
-  w = torch.randn(16, 8, generator=generator, requires_grad=True)
+  # 256 rows, as the model's.
+  x = torch.randn(4, 64, 64, generator=generator, requires_grad=True)
+  w = torch.randn(64, 128, generator=generator, requires_grad=True)
   try:
     torch_gemm.select("aten")
     expected = torch_gemm.matmul(x, w)
     expected_grads = torch.autograd.grad(expected.square().sum(), (x, w))
     assert torch_gemm.select(name) == name
+    weight = w.detach().clone()
     got = torch_gemm.matmul(x, w.t().contiguous().t())  # a strided weight too
     grads = torch.autograd.grad(got.square().sum(), (x, w))
+    again = torch_gemm.matmul(x, w)  # a second call reads the weight unchanged
+    assert torch.equal(w, weight)  # zentorch's weight cache wrote into it
   finally:
     torch_gemm.select("aten")
-  assert got.shape == (3, 5, 8)
-  torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+  assert got.shape == (4, 64, 128)
+  torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+  torch.testing.assert_close(again, expected, rtol=1e-5, atol=1e-4)
   for g, e in zip(grads, expected_grads, strict=True):
-    torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5 * float(e.abs().max()))
 
 
 def test_torch_refuses_a_path_it_lacks():

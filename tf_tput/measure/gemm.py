@@ -8,6 +8,10 @@ A runtime that offers paths names them, each as the environment that selects it
 (read when the framework loads):
 
     gemm_paths(strategy, dtype) -> {name: {variable: value}}   # {} or one: no choice
+    gemm_paths_named_only -> (name, ...)   # optional: --gemm runs them, auto never
+
+A path named only is one whose probe misleads (it wins the one large matmul and
+loses on the model's): --gemm or its environment runs it; auto does not probe it.
 
 Each path is probed once per machine: the peak probe's n x n matmul (peak.py), in a
 child process started with that path's environment, kept in the peak store under the
@@ -34,6 +38,12 @@ def paths(runtime, strategy: str, dtype: str) -> dict:
   """The runtime's GEMM paths for this run ({} where it offers none)."""
   offer = getattr(runtime, "gemm_paths", None)
   return dict(offer(strategy, dtype)) if offer else {}
+
+
+def named_only(runtime, offered: dict) -> tuple:
+  """The offered paths that auto neither probes nor chooses."""
+  return tuple(name for name in getattr(runtime, "gemm_paths_named_only", ())
+               if name in offered)
 
 
 def check(runtime, strategy: str, dtype: str, requested: str) -> None:
@@ -71,18 +81,25 @@ def choose(system_name: str, runtime, strategy: str, dtype: str, store,
   no paths. auto: every path's kept probe, or a new one in a child (kept), the
   fastest chosen; under the store's lock, so the processes of one run on one host
   probe one at a time and choose alike. A path whose probe fails is not chosen, its
-  error recorded; where every one fails, the first path runs."""
+  error recorded; where every one fails, the first path runs. Paths named only are
+  recorded as not probed."""
   offered = paths(runtime, strategy, dtype)
   if not offered:
     return None
   probed = {}
+  skipped = named_only(runtime, offered)
+  candidates = {name: env for name, env in offered.items() if name not in skipped}
+  if not candidates:  # every path named only: the environment named one, or none
+    candidates, skipped = offered, ()
   if requested != AUTO:
     chosen, chosen_by = requested, "--gemm"
-  elif len(offered) == 1:
-    chosen, chosen_by = next(iter(offered)), "the only path offered"
+  elif len(candidates) == 1:
+    chosen = next(iter(candidates))
+    chosen_by = ("the only path offered" if len(offered) == 1
+                 else "the only path auto chooses")
   else:
     with store.locked():
-      for name, environment in offered.items():
+      for name, environment in candidates.items():
         path_store = store.for_gemm(name)
         kept = path_store.get(runtime.name, dtype, peak_lib.MATMUL_PEAK_SIZE)
         try:
@@ -96,8 +113,11 @@ def choose(system_name: str, runtime, strategy: str, dtype: str, store,
         probed[name] = round(flops / 1e9, 1)
     numbers = {name: value for name, value in probed.items()
                if isinstance(value, float)}
-    chosen = max(numbers, key=numbers.get) if numbers else next(iter(offered))
+    chosen = max(numbers, key=numbers.get) if numbers else next(iter(candidates))
     chosen_by = ("the fastest probe" if numbers
                  else "every probe failed: the first path")
+  if requested == AUTO:
+    probed.update({name: "not probed: runs only where --gemm or its variable names it"
+                   for name in skipped})
   os.environ.update(offered[chosen])
   return {"path": chosen, "chosen_by": chosen_by, "probed_gflops": probed}

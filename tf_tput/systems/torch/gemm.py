@@ -12,7 +12,7 @@ the sums differs, which parity's tolerances admit.
   CPU fusions use), forward and both gradients;
 * zentorch: AMD's ZenDNN (torch.ops.zentorch.zentorch_mm), where the zentorch
   package is installed (`pip install -e ".[zentorch]"`, x86 only) and the
-  environment names it (ENVIRONMENT_ONLY below).
+  run names it (NAMED_ONLY below).
 
 The path comes from the environment (PATH_ENV), which gemm.choose sets before the
 trainer is built; select() reads it.
@@ -38,18 +38,20 @@ def offered() -> tuple:
   return tuple(out)
 
 
-# Paths run only where the environment names them (PATH_ENV), never by the probe's
-# choice: on a 2-core Zen 3 EPYC zentorch's 2048 x 2048 probe tied or beat aten's
-# (182 against 146 GFLOP/s) while T5 Small trained 1.2-1.3x slower on it (570 and 606
-# against 730 and 728 tokens/s, alternating; docs/results/2026-12-07-cpu-table-epyc-
-# zen3.md): the model's smaller matmuls pay ZenDNN's per-call cost, which one large
-# matmul hides.
-ENVIRONMENT_ONLY = ("zentorch",)
+# Paths that run only where --gemm or PATH_ENV names them, never by the probe's
+# choice (measure/gemm.py): on a 2-core Zen 3 EPYC zentorch's 2048 x 2048 probe tied
+# or beat aten's (182 against 146 GFLOP/s) while T5 Small trained 1.15x slower on it
+# (658 and 655 against 749 and 752 tokens/s, alternating; docs/results/2026-12-07-
+# cpu-table-epyc-zen3.md): one large matmul does not stand for the model's smaller
+# ones.
+NAMED_ONLY = ("zentorch",)
 
-
-def probed() -> tuple:
-  """The paths the probe chooses among: offered() but those ENVIRONMENT_ONLY."""
-  return tuple(name for name in offered() if name not in ENVIRONMENT_ONLY)
+# Set by select() for its path. zentorch 2.13.0.2's mm caches its second operand
+# reordered by writing the reorder into that tensor's own storage (b differs after
+# zentorch_mm(a, b)): made for inference, it corrupts training's weights and
+# gradients (t5_tiny's loss after 3 steps 6.72 and 6.74, against 5.71 on aten and
+# onednn). Read at zentorch's first op.
+LIBRARY_ENV = {"zentorch": {"ZENDNNL_MATMUL_WEIGHT_CACHE": "0"}}
 
 
 def _onednn_mm(a, b):
@@ -92,6 +94,7 @@ def select(name: str = None) -> str:
   name = name or os.environ.get(PATH_ENV) or DEFAULT
   if name not in offered():
     raise ValueError(f"{PATH_ENV}={name}: this torch offers {', '.join(offered())}")
+  os.environ.update(LIBRARY_ENV.get(name, {}))
   _selected[0] = name
   return name
 

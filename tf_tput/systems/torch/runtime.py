@@ -225,8 +225,7 @@ class TorchRuntime:
 
   def gemm_paths(self, strategy: str, dtype: str) -> dict:
     """On CPUs, the GEMM paths of this installation (gemm.py), each selected by
-    gemm.PATH_ENV, but those it runs only where the environment names them; where
-    the environment sets it, that path only (as TF's switch);
+    gemm.PATH_ENV; where the environment sets it, that path only (as TF's switch);
     none where torch sees a GPU (cuBLAS is the one path there)."""
     import torch
     from tf_tput.systems.torch import gemm
@@ -235,7 +234,12 @@ class TorchRuntime:
     set_value = os.environ.get(gemm.PATH_ENV)
     if set_value is not None:
       return {set_value: {gemm.PATH_ENV: set_value}}
-    return {name: {gemm.PATH_ENV: name} for name in gemm.probed()}
+    return {name: {gemm.PATH_ENV: name} for name in gemm.offered()}
+
+  @property
+  def gemm_paths_named_only(self) -> tuple:
+    from tf_tput.systems.torch import gemm
+    return gemm.NAMED_ONLY
 
   def matmul_runner(self, topology, n: int, dtype: str):
     import torch
