@@ -88,8 +88,9 @@ flags.DEFINE_bool("reprobe_peak", False, "Measure this CPU's matmul peak (MFU's 
 flags.DEFINE_string("gemm", gemm.AUTO, "The GEMM path the framework's CPU matmuls "
                     "take, where it has several (docs/systems.md, 'GEMM paths'): "
                     f"'{gemm.AUTO}' is the fastest of their peak probes, each probed "
-                    "once per machine and kept beside the peak; a name forces that "
-                    "path. Records say which ran (env.gemm).")
+                    "once per machine and kept beside the peak (a path the runtime "
+                    "names only is left out); a name forces that path. Records say "
+                    "which ran (env.gemm).")
 flags.DEFINE_float("step_timeout_s", None, "End the run as failed, naming the step, "
                    "when a window of the measured loop (sync_every steps) after the "
                    "first has not completed after this many seconds: a hung collective "

@@ -8,7 +8,7 @@ A runtime that offers paths names them, each as the environment that selects it
 (read when the framework loads):
 
     gemm_paths(strategy, dtype) -> {name: {variable: value}}   # {} or one: no choice
-    gemm_paths_named_only -> (name, ...)   # optional: --gemm runs them, auto never
+    gemm_paths_named_only -> (name, ...)   # optional: run where named, never probed
 
 A path named only is one whose probe misleads (it wins the one large matmul and
 loses on the model's): --gemm or its environment runs it; auto does not probe it.
@@ -82,21 +82,23 @@ def choose(system_name: str, runtime, strategy: str, dtype: str, store,
   fastest chosen; under the store's lock, so the processes of one run on one host
   probe one at a time and choose alike. A path whose probe fails is not chosen, its
   error recorded; where every one fails, the first path runs. Paths named only are
-  recorded as not probed."""
+  neither probed nor chosen, and recorded as not probed; where every path offered is
+  named only, the first runs."""
   offered = paths(runtime, strategy, dtype)
   if not offered:
     return None
   probed = {}
-  skipped = named_only(runtime, offered)
+  # The one path offered runs, named only or not (its variable named it, say).
+  skipped = named_only(runtime, offered) if len(offered) > 1 else ()
   candidates = {name: env for name, env in offered.items() if name not in skipped}
-  if not candidates:  # every path named only: the environment named one, or none
-    candidates, skipped = offered, ()
   if requested != AUTO:
     chosen, chosen_by = requested, "--gemm"
-  elif len(candidates) == 1:
-    chosen = next(iter(candidates))
-    chosen_by = ("the only path offered" if len(offered) == 1
-                 else "the only path auto chooses")
+  elif len(offered) == 1:
+    chosen, chosen_by = next(iter(offered)), "the only path offered"
+  elif len(candidates) <= 1:
+    chosen = next(iter(candidates or offered))
+    chosen_by = ("the only path auto chooses" if candidates
+                 else "every path is named only: the first")
   else:
     with store.locked():
       for name, environment in candidates.items():
@@ -117,7 +119,8 @@ def choose(system_name: str, runtime, strategy: str, dtype: str, store,
     chosen_by = ("the fastest probe" if numbers
                  else "every probe failed: the first path")
   if requested == AUTO:
-    probed.update({name: "not probed: runs only where --gemm or its variable names it"
-                   for name in skipped})
+    probed.update({name: f"not probed: runs only where --gemm={name} or "
+                         f"{' '.join(f'{k}={v}' for k, v in offered[name].items())} "
+                         "names it" for name in skipped})
   os.environ.update(offered[chosen])
   return {"path": chosen, "chosen_by": chosen_by, "probed_gflops": probed}

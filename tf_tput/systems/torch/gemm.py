@@ -40,10 +40,10 @@ def offered() -> tuple:
 
 # Paths that run only where --gemm or PATH_ENV names them, never by the probe's
 # choice (measure/gemm.py): on a 2-core Zen 3 EPYC zentorch's 2048 x 2048 probe tied
-# or beat aten's (182 against 146 GFLOP/s) while T5 Small trained 1.15x slower on it
-# (658 and 655 against 749 and 752 tokens/s, alternating; docs/results/2026-12-07-
-# cpu-table-epyc-zen3.md): one large matmul does not stand for the model's smaller
-# ones.
+# or beat aten's (182 against 146 GFLOP/s, with its weight cache on) while T5 Small
+# trained 1.14x slower on it with the cache off (658 and 655 against 749 and 752
+# tokens/s, alternating; docs/results/2026-12-07-cpu-table-epyc-zen3.md): one large
+# matmul does not stand for the model's smaller ones.
 NAMED_ONLY = ("zentorch",)
 
 # Set by select() for its path. zentorch 2.13.0.2's mm caches its second operand
@@ -90,7 +90,9 @@ _selected = [DEFAULT]
 
 def select(name: str = None) -> str:
   """Makes matmul() run `name` (default: $TF_TPUT_TORCH_GEMM, else aten); the name.
-  ValueError for a path this installation does not have."""
+  Sets the path's LIBRARY_ENV in os.environ (children inherit it), over a value the
+  user set: a training run must not take zentorch's weight cache. ValueError for a
+  path this installation does not have."""
   name = name or os.environ.get(PATH_ENV) or DEFAULT
   if name not in offered():
     raise ValueError(f"{PATH_ENV}={name}: this torch offers {', '.join(offered())}")
