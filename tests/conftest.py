@@ -35,9 +35,9 @@ for _name, _value in GEMM_ENV.items():
 
 # Python writes bytecode as the tests' processes import modules, even where the shell
 # sets PYTHONDONTWRITEBYTECODE (scripts/_venv.sh unsets it likewise for
-# scripts/test.sh): with it
-# set, `pytest tests -n 2 -m "not alone"` took 17 min 35 s against 12 min 19 s, each
-# process compiling TF's, JAX's and torch's modules anew (2-core EPYC, 2026-12-07).
+# scripts/test.sh): with it set, `pytest tests -n 2 -m "not alone"` took 17 min 35 s
+# against 12 min 19 s, each process compiling TF's, JAX's and torch's modules anew
+# (2-core EPYC, 2026-12-07).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 

@@ -41,10 +41,10 @@ def offered() -> tuple:
 # Paths that run only where --gemm or PATH_ENV names them, never by the probe's
 # choice (measure/gemm.py): on a 2-core Zen 3 EPYC zentorch's 2048 x 2048 probe came
 # close to aten's or beat it (156 and 177 against 183 and 173 GFLOP/s alternating;
-# 182 against 146 once) while T5 Small
-# trained 1.14x slower on it (658 and 655 against 749 and 752 tokens/s, alternating;
-# docs/results/2026-12-07-cpu-table-epyc-zen3.md), each with its weight cache off
-# (LIBRARY_ENV): one large matmul does not stand for the model's smaller ones.
+# 182 against 146 once) while T5 Small trained 1.14x slower on it (658 and 655
+# against 749 and 752 tokens/s, alternating; docs/results/2026-12-07-cpu-table-epyc-
+# zen3.md), each with its weight cache off (LIBRARY_ENV): one large matmul does not
+# stand for the model's smaller ones.
 NAMED_ONLY = ("zentorch",)
 
 # Set by select() for its path. zentorch 2.13.0.2's mm caches its second operand
