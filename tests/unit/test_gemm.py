@@ -123,6 +123,16 @@ def test_an_unknown_path_is_one_error_line():
   gemm.check(FakeRuntime({}), "local", "float32", gemm.AUTO)  # auto: always
 
 
+class RefusingRuntime(FakeRuntime):
+  def gemm_paths(self, strategy, dtype):
+    raise UsageError("TF_TPUT_TEST_GEMM=blis: fake offers slow")
+
+
+def test_a_path_the_environment_names_is_checked_before_the_run_even_for_auto():
+  with pytest.raises(UsageError, match="TF_TPUT_TEST_GEMM=blis: fake offers slow"):
+    gemm.check(RefusingRuntime({}), "local", "float32", gemm.AUTO)
+
+
 def test_tf_paths_follow_its_onednn_switch(monkeypatch):
   runtime = tf_runtime.RUNTIME
   monkeypatch.delenv(tf_runtime.ONEDNN_ENV, raising=False)
@@ -144,9 +154,14 @@ def test_torch_paths_are_its_libraries_or_the_one_the_environment_sets(monkeypat
   # zentorch runs where the user names it, never by the probe's choice.
   assert torch_runtime.RUNTIME.gemm_paths_named_only == ("zentorch",)
   for name in ("onednn", "zentorch"):  # the user's choice stands
-    monkeypatch.setenv(torch_gemm.PATH_ENV, name)
-    assert torch_runtime.RUNTIME.gemm_paths("local", "float32") == {
-        name: {torch_gemm.PATH_ENV: name}}
+    if name in torch_gemm.offered():
+      monkeypatch.setenv(torch_gemm.PATH_ENV, name)
+      assert torch_runtime.RUNTIME.gemm_paths("local", "float32") == {
+          name: {torch_gemm.PATH_ENV: name}}
+  monkeypatch.setenv(torch_gemm.PATH_ENV, "blis")  # one it lacks: before the run
+  with pytest.raises(UsageError, match=r"TF_TPUT_TORCH_GEMM=blis: this torch offers "
+                     r"aten.*; name one of those or unset it"):
+    torch_runtime.RUNTIME.gemm_paths("local", "float32")
 
 
 @pytest.mark.parametrize("name", ["onednn", "zentorch"])

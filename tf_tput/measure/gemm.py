@@ -47,11 +47,11 @@ def named_only(runtime, offered: dict) -> tuple:
 
 
 def check(runtime, strategy: str, dtype: str, requested: str) -> None:
-  """--gemm names a path the runtime offers here, or is auto: UsageError in one line."""
-  if requested == AUTO:
-    return
+  """--gemm names a path the runtime offers here, or is auto: UsageError in one line;
+  asking for the paths also checks a path the environment names (the runtime's
+  UsageError)."""
   offered = paths(runtime, strategy, dtype)
-  if requested not in offered:
+  if requested != AUTO and requested not in offered:
     raise UsageError(f"--gemm={requested}: {runtime.name} offers "
                      f"{', '.join(offered) or 'no GEMM paths'} here (strategy "
                      f"{strategy}, {dtype}); use one of those or --gemm={AUTO}")

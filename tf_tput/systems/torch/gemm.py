@@ -89,6 +89,12 @@ class _LibraryMatmul(torch.autograd.Function):
 _selected = [DEFAULT]
 
 
+def unknown(name: str) -> str:
+  """The error line for a path this installation does not have."""
+  return (f"{PATH_ENV}={name}: this torch offers {', '.join(offered())}; name one of "
+          "those or unset it")
+
+
 def select(name: str = None) -> str:
   """Makes matmul() run `name` (default: $TF_TPUT_TORCH_GEMM, else aten); the name.
   Sets the path's LIBRARY_ENV in os.environ (children inherit it), over a value the
@@ -96,7 +102,7 @@ def select(name: str = None) -> str:
   path this installation does not have."""
   name = name or os.environ.get(PATH_ENV) or DEFAULT
   if name not in offered():
-    raise ValueError(f"{PATH_ENV}={name}: this torch offers {', '.join(offered())}")
+    raise ValueError(unknown(name))
   os.environ.update(LIBRARY_ENV.get(name, {}))
   _selected[0] = name
   return name

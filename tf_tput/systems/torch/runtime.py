@@ -225,14 +225,16 @@ class TorchRuntime:
 
   def gemm_paths(self, strategy: str, dtype: str) -> dict:
     """On CPUs, the GEMM paths of this installation (gemm.py), each selected by
-    gemm.PATH_ENV; where the environment sets it, that path only (as TF's switch);
-    none where torch sees a GPU (cuBLAS is the one path there)."""
+    gemm.PATH_ENV; where the environment sets it, that path only (as TF's switch;
+    UsageError for one it lacks); none where torch sees a GPU (cuBLAS is the one path there)."""
     import torch
     from tf_tput.systems.torch import gemm
     if torch.cuda.is_available():
       return {}
     set_value = os.environ.get(gemm.PATH_ENV)
     if set_value is not None:
+      if set_value not in gemm.offered():  # before the run: one line, exit 2
+        raise UsageError(gemm.unknown(set_value))
       return {set_value: {gemm.PATH_ENV: set_value}}
     return {name: {gemm.PATH_ENV: name} for name in gemm.offered()}
 
