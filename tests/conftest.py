@@ -12,6 +12,7 @@ import time
 import pytest
 
 import process_checks
+from tf_tput.runtime import host_runs
 
 
 # Every train run a test starts (its subprocesses inherit this environment) keeps its
@@ -20,6 +21,10 @@ import process_checks
 _CACHE_HOME = tempfile.mkdtemp(prefix="tf_tput-test-cache-")
 os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
 atexit.register(shutil.rmtree, _CACHE_HOME, True)
+# The live runs a record's concurrent_runs lists (tf_tput/runtime/host_runs.py) are
+# this test process's alone: runs of the other xdist workers share the host, and
+# would otherwise be listed in the records of tests that expect none.
+os.environ[host_runs.LIVE_DIR_ENV] = os.path.join(_CACHE_HOME, "live-runs")
 
 
 # One GEMM path per framework for the tests' runs (tf_tput/measure/gemm.py), set as a

@@ -19,6 +19,7 @@ def train_record(model="t5_tiny", system="mtf", tokens_per_sec=1000.0, status="o
       "num_params": 263168, "mesh_shape": "batch:2;model:2",
       "layout": "batch:batch;d_ff:model;heads:model;vocab:model", "num_devices": 4,
       "num_processes": 1, "launcher": None, "job_id": None,
+      "array_job_id": None, "array_task_id": None, "concurrent_runs": [], "packed": False,
       "nodes": ["test-host/10.0.0.1"], "num_nodes": 1,
       "global_batch": 8, "inputs_length": 128, "targets_length": 128,
       "dtype": "float32", "embedding": "one_hot",

@@ -20,7 +20,8 @@ from absl import logging
 from tf_tput import config, data, errors, models, pipeline, systems
 from tf_tput.measure import gemm, loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, keys, provenance, results
-from tf_tput.runtime import host_memory, islands, topology as topology_lib, watchdog
+from tf_tput.runtime import host_memory, host_runs, islands, topology as topology_lib
+from tf_tput.runtime import watchdog
 from tf_tput.errors import UsageError
 
 
@@ -102,6 +103,11 @@ flags.DEFINE_bool("keep_freed_memory", True, "Keep freed host memory for reuse (
                   "malloc: no mmap, no trim) so a step's temporaries do not fault in "
                   "fresh pages every step; --nokeep_freed_memory leaves the libc's "
                   "default. Records say which (env.host_allocator).")
+flags.DEFINE_bool("packed", False, "This run is meant to share its host with other "
+                  "measured runs (a packed Slurm array, several suites at once): the "
+                  "record says so (packed) and reports mark its concurrent_runs as "
+                  "asked for. Without it, another run live on the host at the same "
+                  "time is marked as unasked sharing.")
 
 # Flags that override gin bindings; applied as bindings so the recorded config is exact.
 FLAG_BINDINGS = {"steps": "TrainConfig.steps", "warmup_steps": "TrainConfig.warmup_steps",
@@ -110,7 +116,7 @@ OWN_FLAGS = ("gin_file", "gin_param", "system", "strategy", "results", "num_cpu_
              "steps", "warmup_steps", "global_batch", "tensorboard_dir", "trace_dir",
              "log_every", "cluster_timeout_s", "tpu", "tpu_type", "tpu_zone", "gcp_project",
              "compilation_cache_dir", "reprobe_peak", "keep_freed_memory", "step_timeout_s",
-             "gemm")
+             "gemm", "packed")
 
 
 def _bindings() -> list:
@@ -168,7 +174,7 @@ def _run_key() -> str:
 
 
 def _record(experiment, topology, outcome: Outcome, summary, peak_source, started_at,
-            run_id, run_key: str) -> dict:
+            run_id, run_key: str, concurrent_runs: list) -> dict:
   m, d, t = experiment.model, experiment.data, experiment.train
   measurement = outcome.measurement
   losses = measurement.losses
@@ -181,6 +187,7 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "layout": experiment.mesh.layout, "num_devices": topology.num_devices,
       "num_processes": topology.num_processes,
       **_launch_fields(),
+      "concurrent_runs": concurrent_runs, "packed": FLAGS.packed,
       **build.node_fields(outcome.nodes or topology.nodes),  # the trainer's, else resolve's
       "global_batch": t.global_batch,
       "inputs_length": d.inputs_length if m.arch == "encoder_decoder" else None,
@@ -207,7 +214,8 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
 def _launch_fields() -> dict:
   """How the run was started (runtime/launchers.py): its launcher and job."""
   launch = topology_lib.launched()
-  return {"launcher": launch.launcher, "job_id": launch.job_id}
+  return {"launcher": launch.launcher, "job_id": launch.job_id,
+          "array_job_id": launch.array_job_id, "array_task_id": launch.array_task_id}
 
 
 def _summary_lines(record: dict, path: str, line: int) -> list:
@@ -599,7 +607,10 @@ def run() -> int:
   run_key = _run_key()
   process_id = topology_lib.launched_processes()[1]
   writes_record = process_id == 0  # process 0 speaks for all
-  started_at, run_id = build.utc_now(), build.new_run_id()
+  # One id for all the run's processes where their launcher gives one (each logs it).
+  started_at = build.utc_now()
+  run_id = topology_lib.launched().run_id or build.new_run_id()
+  live = host_runs.LiveRun(run_id)  # registered by the writer once the run starts
   t = experiment.train
 
   def new_outcome(error=None) -> Outcome:
@@ -610,7 +621,7 @@ def run() -> int:
     summary = metrics.summarize(outcome.measurement, experiment, topology.num_devices,
                                 peak)
     return _record(experiment, topology, outcome, summary, peak_source, started_at,
-                   run_id, run_key)
+                   run_id, run_key, live.others())
 
   # Every value the record will hold, checked before any framework starts: a failed
   # record of this request, nothing run yet.
@@ -640,6 +651,8 @@ def run() -> int:
   guard = watchdog.Watchdog(finish, FLAGS.step_timeout_s, process_id, progress=lambda: (
       outcome.measurement.snapshot(), outcome.stage)).install()
   try:
+    if writes_record:
+      live.register()
     try:
       if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
         system.runtime.compilation_cache(cache_dir)
@@ -687,6 +700,7 @@ def run() -> int:
     return finish(ending)
   finally:
     guard.close()
+    live.close()
 
 
 def _write(outcome: Outcome, record, peak, peak_source, new_outcome, run_id: str,

@@ -11,6 +11,8 @@ network namespace, once per session); torchrun and mpirun run in that namespace 
 so nothing they serve is reachable from other machines."""
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -89,6 +91,13 @@ def test_a_suite_under_sbatch_runs_each_system_as_srun_s_tasks(slurm, tmp_path):
       (system, "ok", "slurm", 2, 2, str(job)) for system in ("jax", "torch", "tf2", "mtf")], out
   assert [a["task"] for a in records[-1]["env"]["accelerators"]] == [
       "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]  # mtf's servers
+  assert [r["concurrent_runs"] for r in records] == [[]] * 4  # --exclusive, one by one
+  # Both tasks of jax's step log the run id process 0 recorded, each line labelled.
+  [log] = (path.parent / "r.logs").glob("t5_tiny_jax_*.log")
+  text = log.read_text(errors="replace")
+  assert set(re.findall(r"run ([0-9a-f]{12}): ", text)) == {records[0]["run_id"]}, text[-3000:]
+  assert {line.split(":", 1)[0] for line in text.splitlines()[1:] if line.strip()} == {
+      "0", "1"}, text[-3000:]
 
 
 def test_ray_under_sbatch_by_ray_s_recipe(slurm, tmp_path):
@@ -181,40 +190,98 @@ def _environ(pid: int) -> dict:
     return {}
 
 
-# A suite of 4 quick one-process runs, each long enough to be stopped mid-measurement.
-ARRAY_SUITE = ("Suite.name = 'array'\nSuite.matrices = [@TrainMatrix()]\n"
+# 3 quick one-process runs, each long enough to be stopped mid-measurement, and a
+# run of 4 processes, whose job step needs 4 tasks.
+ARRAY_SUITE = ("Suite.name = 'array'\nSuite.matrices = [@TrainMatrix(), @p4/TrainMatrix()]\n"
                "TrainMatrix.models = ['decoder_tiny']\nTrainMatrix.systems = ['jax']\n"
-               "TrainMatrix.global_batches = [2, 4, 6, 8]\nTrainMatrix.steps = 300\n"
+               "TrainMatrix.global_batches = [2, 4, 6]\nTrainMatrix.steps = 300\n"
                "TrainMatrix.warmup_steps = 1\nTrainMatrix.num_cpu_devices = 1\n"
-               "TrainMatrix.gin_params = ['DataConfig.targets_length = 16']\n")
+               "TrainMatrix.gin_params = ['DataConfig.targets_length = 16']\n"
+               "p4/TrainMatrix.global_batches = [8]\np4/TrainMatrix.meshes = ['data4']\n"
+               "p4/TrainMatrix.processes = 4\np4/TrainMatrix.steps = 20\n")
+SUITE_SBATCH = str(REPO / "scripts" / "slurm" / "suite.sbatch")
+
+
+def test_an_array_that_cannot_hold_a_run_refuses_in_one_line_before_any_run(slurm, tmp_path):
+  """sbatch --array=0-2 --requeue scripts/slurm/suite.sbatch --suite=cluster_local, as
+  written: each task has the node's 2 CPUs (--exclusive), and mtf's step needs 3 tasks;
+  every task refuses the whole suite in one line naming that run, exit 2, no record."""
+  path = tmp_path / "r.jsonl"
+  job = slurm.sbatch(SUITE_SBATCH, ["--array=0-2", "--requeue",
+                                    f"--output={tmp_path}/tf_tput-suite-%A_%a.out",
+                                    f"--export=ALL,PYTHON={sys.executable}"],
+                     ["--suite=cluster_local", f"--results={path}"], cwd=str(REPO))
+  _wait_for(lambda: not slurm.jobs(), "the array to end")
+  for task in range(3):
+    out = (tmp_path / f"tf_tput-suite-{job}_{task}.out").read_text(errors="replace")
+    assert slurm.wait_job(f"{job}_{task}")[0] == 2, out[-3000:]
+    [error] = [line for line in out.splitlines() if "error" in line.lower()]
+    assert error.startswith("error: run 't5_tiny mtf multi_worker") and (
+        "3 tasks" in error and "--overcommit" in error), out[-3000:]
+  assert not path.exists()
 
 
 def test_a_suite_as_a_job_array_runs_each_run_once_and_a_requeued_task_resumes(
     slurm, tmp_path):
-  """sbatch --array=0-2 scripts/slurm/suite.sbatch: 3 tasks share 4 runs (task 0 the
-  first and the fourth) through one results file; task 0, requeued mid-run (SIGTERM,
-  as a preemption), records that run as interrupted and, started again, runs it and
-  its other run. Every run then has exactly one ok record."""
+  """sbatch --array=0-2 --overcommit scripts/slurm/suite.sbatch: 3 tasks share 4 runs
+  (task 0 the first and the fourth, of 4 processes) through one results file, one task
+  after another (--exclusive); task 0, requeued mid-run (SIGTERM, as a preemption),
+  records that run as interrupted and, started again, runs it and its other run.
+  Every run then has exactly one ok record, which names its array task."""
   suite, path = tmp_path / "array.gin", tmp_path / "r.jsonl"
   suite.write_text(ARRAY_SUITE)
-  job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
-                     ["--array=0-2", "--requeue", f"--output={tmp_path}/task-%a.out",
-                      f"--export=ALL,PYTHON={sys.executable}"],
+  job = slurm.sbatch(SUITE_SBATCH, ["--array=0-2", "--requeue", "--overcommit",
+                                    f"--output={tmp_path}/tf_tput-suite-%A_%a.out",
+                                    f"--export=ALL,PYTHON={sys.executable}"],
                      [f"--suite={suite}", f"--results={path}"], cwd=str(REPO))
   _wait_for(lambda: "step 10/" in _logs(tmp_path / "r.logs", "batch_2-"), "task 0 measuring")
   slurm.requeue(f"{job}_0")
   _wait_for(lambda: not slurm.jobs(), "the array to end", timeout=4 * RUN_TIMEOUT_S)
-  out = "".join(open(tmp_path / f"task-{i}.out", errors="replace").read()[-2000:]
-                for i in range(3))
+  outs = {i: (tmp_path / f"tf_tput-suite-{job}_{i}.out").read_text(errors="replace")
+          for i in range(3)}
+  out = "".join(text[-2000:] for text in outs.values())
   records, problems = results.read(str(path))
   assert problems == [], out
-  ok = sorted(r["global_batch"] for r in records if r["status"] == "ok")
-  assert ok == [2, 4, 6, 8], out  # each run once
+  ok = sorted((r["global_batch"], r["num_processes"], r["array_task_id"]) for r in records
+              if r["status"] == "ok")
+  assert ok == [(2, 1, 0), (4, 1, 1), (6, 1, 2), (8, 4, 0)], out  # each run once
+  assert {(r["array_job_id"], r["packed"], str(r["concurrent_runs"])) for r in records} == {
+      (str(job), False, "[]")}, out  # one task at a time
   [stopped] = [r for r in records if r["status"] != "ok"]
   assert (stopped["status"], stopped["signal"], stopped["global_batch"]) == (
       "interrupted", "SIGTERM", 2), out
   assert stopped["steps_measured"] >= 10
+  assert f"scontrol requeue {job}_0" in outs[0], outs[0][-3000:]
+  assert len(list((tmp_path / "r.logs").glob("*batch_2-*attempt2.log"))) == 1  # both kept
   assert not list((tmp_path / "r.claims").iterdir())  # every claim released
+
+
+# Two one-process runs, one per task of a packed array.
+PACKED_SUITE = ("Suite.name = 'packed'\nSuite.matrices = [@TrainMatrix()]\n"
+                "TrainMatrix.models = ['decoder_tiny']\nTrainMatrix.systems = ['jax']\n"
+                "TrainMatrix.global_batches = [2, 4]\nTrainMatrix.steps = 40\n"
+                "TrainMatrix.warmup_steps = 1\nTrainMatrix.num_cpu_devices = 1\n"
+                "TrainMatrix.gin_params = ['DataConfig.targets_length = 16']\n")
+
+
+def test_a_packed_array_shares_the_node_and_its_records_say_so(slurm, tmp_path):
+  """sbatch --oversubscribe (over the script's --exclusive) and --train_flag=--packed:
+  both tasks run at once, and each record lists the other run as concurrent, asked."""
+  suite, path = tmp_path / "packed.gin", tmp_path / "r.jsonl"
+  suite.write_text(PACKED_SUITE)
+  job = slurm.sbatch(SUITE_SBATCH, ["--array=0-1", "--oversubscribe",
+                                    f"--output={tmp_path}/task-%a.out",
+                                    f"--export=ALL,PYTHON={sys.executable}"],
+                     [f"--suite={suite}", f"--results={path}", "--train_flag=--packed"],
+                     cwd=str(REPO))
+  _wait_for(lambda: not slurm.jobs(), "the array to end")
+  out = "".join((tmp_path / f"task-{i}.out").read_text(errors="replace") for i in range(2))
+  records, _ = results.read(str(path))
+  assert sorted((r["status"], r["packed"], r["array_job_id"]) for r in records) == [
+      ("ok", True, str(job))] * 2, out[-3000:]
+  first, second = records
+  assert (first["concurrent_runs"], second["concurrent_runs"]) == (
+      [second["run_id"]], [first["run_id"]]), out[-3000:]
 
 
 def test_a_run_another_live_task_holds_is_refused_in_one_line(slurm, tmp_path):
@@ -224,13 +291,16 @@ def test_a_run_another_live_task_holds_is_refused_in_one_line(slurm, tmp_path):
   suite.write_text(ARRAY_SUITE)
   sleeper = tmp_path / "sleep.sh"
   sleeper.write_text("#!/bin/sh\nsleep 120\n")
-  holder = slurm.sbatch(str(sleeper), ["--array=0-0"])
+  holder = slurm.sbatch(str(sleeper), ["--array=0-0", "--oversubscribe"])
   claims = tmp_path / "r.claims"
   claims.mkdir()
   first = suites.expand(suites.load(str(suite)))[0]
   (claims / first.key).write_text(f"{holder}_0\n")
-  job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
-                     ["--array=0-0", f"--output={tmp_path}/task-%a.out",
+  # Beside the holder, over the script's --exclusive (Slurm shares a node only
+  # between jobs that both allow it); --overcommit for the suite's 4-task step.
+  job = slurm.sbatch(SUITE_SBATCH,
+                     ["--array=0-0", "--oversubscribe", "--overcommit",
+                      f"--output={tmp_path}/task-%a.out",
                       f"--export=ALL,PYTHON={sys.executable}"],
                      [f"--suite={suite}", f"--results={path}"], cwd=str(REPO))
   code, state = slurm.wait_job(job, timeout=RUN_TIMEOUT_S)
@@ -256,3 +326,95 @@ def _wait_for(ready, what: str, timeout: float = RUN_TIMEOUT_S) -> None:
     if time.monotonic() > deadline:
       raise AssertionError(f"no {what} within {timeout} s")
     time.sleep(0.2)
+
+
+# --- the docs' and scripts' Slurm commands, as written ------------------------------
+
+DOCUMENTED = [REPO / "docs" / "clusters.md", REPO / "docs" / "suites.md",
+              *sorted((REPO / "scripts" / "slurm").glob("*.sbatch")),
+              *sorted((REPO / "gin" / "suites").glob("*.gin"))]
+
+
+def _documented_commands() -> list:
+  """(file, argv) of every sbatch or srun command line in a code block of the docs
+  (4-space indented) or in a header comment of a script or suite file ("#   ")."""
+  found = []
+  for path in DOCUMENTED:
+    block = "    " if path.suffix == ".md" else "#   "
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+      if not line.startswith(block) or line[len(block):].split(" ")[0] not in ("sbatch",
+                                                                             "srun"):
+        continue
+      text = line[len(block):]
+      while text.rstrip().endswith("\\"):
+        i += 1
+        text = text.rstrip()[:-1] + " " + lines[i].lstrip("# ")
+      found.append((path.name, shlex.split(text, comments=True)))
+  return found
+
+
+def _entry_point_flags() -> dict:
+  """Entry point -> its flags, from docs/flags.md (tests/unit/test_docs.py holds it
+  equal to the code)."""
+  flags, module = {}, None
+  for line in (REPO / "docs" / "flags.md").read_text().splitlines():
+    if line.startswith("## "):
+      module = line[3:].strip()
+    elif line.startswith("| `--"):
+      flags.setdefault(module, set()).add(line.split("`")[1][2:])
+  return flags
+
+
+def _check_tf_tput_args(where: str, module: str, args: list, known: dict) -> None:
+  from tf_tput import config
+  for arg in args:
+    assert arg.startswith("--"), f"{where}: {arg!r} is not a flag"
+    name, _, value = arg[2:].partition("=")
+    assert name in known[module] or (name.startswith("no") and name[2:] in known[module]), (
+        f"{where}: {module} has no flag --{name}")
+    if name == "suite":
+      suites.load(value)
+    elif name == "gin_file":
+      config.resolve_gin_file(value)
+    elif name == "train_flag":
+      _check_tf_tput_args(where, "tf_tput.train", [value], known)
+
+
+def _one_node(options: list, cpus: int) -> list:
+  """The docs' adaptation ("On one node", docs/clusters.md) of sbatch/srun options."""
+  text = " ".join(options).replace("--nodes=2 --ntasks-per-node=1", "--ntasks=2")
+  adapted = shlex.split(text)
+  tasks = next((int(o.split("=")[1]) for o in adapted if o.startswith("--ntasks=")), 1)
+  if "-n" in adapted:
+    tasks = int(adapted[adapted.index("-n") + 1])
+  adapted = [f"--cpus-per-task={min(int(o.split('=')[1]), max(1, cpus // tasks))}"
+             if o.startswith("--cpus-per-task=") else o for o in adapted]
+  return adapted + (["--overcommit"] if tasks > cpus and "--overcommit" not in adapted
+                    else [])
+
+
+def test_every_documented_slurm_command_runs_as_written_or_as_adapted(slurm, tmp_path):
+  """Each sbatch/srun line of docs/clusters.md, docs/suites.md, the scripts' and suite
+  files' headers: its script exists, its tf_tput flags, suite and gin files exist, and
+  Slurm accepts its options (--test-only), adapted to one node as the docs say."""
+  commands, known = _documented_commands(), _entry_point_flags()
+  assert {name for name, _ in commands} >= {"clusters.md", "suites.md", "suite.sbatch",
+                                            "train.sbatch", "ray.sbatch"}, commands
+  for name, argv in commands:
+    where = f"{name}: {shlex.join(argv)}"
+    if argv[0] == "sbatch":
+      [script] = [i for i, a in enumerate(argv) if a.endswith(".sbatch")]
+      assert (REPO / argv[script]).is_file(), where
+      module = "tf_tput.suite" if argv[script].endswith("suite.sbatch") else "tf_tput.train"
+      _check_tf_tput_args(where, module, argv[script + 1:], known)
+      check = ["sbatch", "--test-only", *_one_node(argv[1:script], slurm.cpus),
+               str(REPO / argv[script])]
+    else:
+      program = argv.index("-m")
+      _check_tf_tput_args(where, argv[program + 1], argv[program + 2:], known)
+      check = ["srun", "--test-only", *_one_node(argv[1:program - 1], slurm.cpus), "true"]
+    proc = subprocess.run(slurm.exec_prefix() + check, env=dict(os.environ, **slurm.env()),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "to start at" in proc.stderr, (
+        f"{where}\n{shlex.join(check)}: {proc.stderr[-500:]}")

@@ -108,3 +108,43 @@ def test_slurm_host_lists_and_task_counts_expand_in_order():
   assert launchers.expand_hostlist("node[01-03,07],login1,gpu[9-10]b") == (
       "node01", "node02", "node03", "node07", "login1", "gpu9b", "gpu10b")
   assert launchers.expand_counts("2(x3),1") == (2, 2, 2, 1)
+
+
+def test_the_tasks_of_one_slurm_step_share_a_run_id_and_other_steps_do_not():
+  task_0 = {**SLURM_TASK_1, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+  ids = {launchers.detect(environ).run_id for environ in (SLURM_TASK_1, task_0)}
+  assert len(ids) == 1 and len(next(iter(ids))) == 12
+  others = [{**SLURM_TASK_1, "SLURM_STEP_ID": "1"}, {**SLURM_TASK_1, "SLURM_JOB_ID": "42"},
+            {**SLURM_TASK_1, "SLURM_RESTART_COUNT": "1"}]  # a requeued job's step 0
+  assert len(ids | {launchers.detect(environ).run_id for environ in others}) == 4
+
+
+def test_a_run_id_the_launcher_gives_wins_and_a_malformed_one_is_one_line():
+  given = {processes.RUN_ID_ENV: "0123456789ab"}
+  assert launchers.detect(given).run_id == "0123456789ab"
+  assert launchers.detect({**SLURM_TASK_1, **given}).run_id == "0123456789ab"
+  assert launchers.detect({}).run_id is None  # the run makes one
+  with pytest.raises(UsageError, match="TF_TPUT_RUN_ID='run-1' is not a run id"):
+    launchers.detect({processes.RUN_ID_ENV: "run-1"})
+
+
+def test_an_array_task_is_named_inside_an_inner_launcher_too():
+  array = {"SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "3"}
+  for environ in ({**SLURM_TASK_1, **array}, {**SLURM_TASK_1, **array, **TORCHRUN_RANK_1},
+                  {"SLURM_JOB_ID": "41", **array}):
+    launch = launchers.detect(environ)
+    assert (launch.array_job_id, launch.array_task_id) == ("40", 3)
+  assert launchers.detect(SLURM_TASK_1).array_job_id is None
+
+
+@pytest.mark.parametrize("environ, allocation, room", [
+    ({"SLURM_JOB_CPUS_PER_NODE": "1"}, (1, 1, False), 1),  # an array task's default
+    ({"SLURM_JOB_CPUS_PER_NODE": "4(x2),2", "SLURM_CPUS_PER_TASK": "2"}, (10, 2, False), 5),
+    ({"SLURM_JOB_CPUS_PER_NODE": "1", "SLURM_OVERCOMMIT": "1"}, (1, 1, True), None),
+])
+def test_a_slurm_job_s_allocation_says_how_many_tasks_a_step_may_have(environ, allocation,
+                                                                      room):
+  found = launchers.slurm_allocation(environ)
+  assert (found.cpus, found.cpus_per_task, found.overcommit) == allocation
+  assert found.max_step_tasks == room
+  assert launchers.slurm_allocation({}) is None

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tf_tput import REPO_ROOT
-from tf_tput.report import compare, document, published, tables
+from tf_tput.report import compare, console, document, published, tables
 
 from record_fixtures import micro_record, train_record
 
@@ -86,7 +86,7 @@ def test_table1_one_row_per_configuration_and_system():
           base_jax["implied MFU (derived)"]) == published_cells  # on every system's row
   small = by_row[("t5_small", "jax")]
   assert (small["tokens/s [spread]"], small["runs"], small["vs mtf"]) == (
-      "failed", "0 (1 failed, 1 interrupted)", "–")  # neither counted
+      tables.NO_OK_RUN, "0 (1 failed, 1 interrupted)", "–")  # neither counted
   assert small["published JAX / Pathways tokens/s (TPUv3 cores)"] == "–"
   assert small["startup (s): build + warmup"] == "–"
   assert small["implied MFU (derived)"] == "–"
@@ -426,7 +426,143 @@ def test_table1_startup_says_mixed_where_hits_and_misses_meet():
 
 
 def test_console_table_shows_startup_beside_tokens_per_second():
-  lines = tables.format_table([_started(3.04, 7.25, "a", cache="hit"),
-                               train_record(status="failed", run_id="b")]).splitlines()
+  older = {k: v for k, v in _started(3.0, 7.0, "b").items()
+           if k not in ("build_s", "warmup_s")}  # a record from before the fields
+  lines = tables.format_table([_started(3.04, 7.25, "a", cache="hit"), older,
+                               train_record(status="failed", run_id="c")]).splitlines()
   assert "startup (s)" in lines[0]
-  assert "3.0 + 7.2 hit" in lines[2] and "+" not in lines[3].split("failed")[0]
+  assert "3.0 + 7.2 hit" in lines[2] and "+" not in lines[3]
+  assert len(lines) == 4  # header, rule, the two ok runs: the failed one has no row
+
+
+# --- partial runs, shared hosts and job arrays, in both reports ---------------------
+
+def _reports(train: list) -> tuple:
+  """(console text, report.md text) of the same train records, rendered in-process."""
+  return (console.render(train, []),
+          document.render(train, [], [("r.jsonl", len(train), 0, 0)], [], {}))
+
+
+def _console_rows(text: str) -> list:
+  """The console table's rows (below its header and rule, up to the first blank line)
+  as {column: cell}, cut where the header's columns start."""
+  lines = text.splitlines()
+  starts = []
+  for column in tables.COLUMNS:
+    starts.append(lines[0].index(column, starts[-1] if starts else 0))
+  ends = starts[1:] + [None]
+  return [{c: line[a:b].strip() for c, a, b in zip(tables.COLUMNS, starts, ends, strict=True)}
+          for line in lines[2:lines.index("") if "" in lines else None]]
+
+
+def _table1_rows(report: str) -> dict:
+  """(model, system) -> (runs cell, tokens/s cell) of report.md's Table 1."""
+  section = report.split("## Training throughput (Table 1 style)")[1].split("\n\n")[1]
+  rows = [[c.strip() for c in line.strip("|").split(" | ")]
+          for line in section.splitlines()[2:]]
+  return {(row[0], row[7]): (row[8], row[9]) for row in rows}
+
+
+def _listed(text: str, heading: str) -> list:
+  """The '- ' lines under `heading` (either report's), up to the next blank line."""
+  after = text.split(heading, 1)[1].lstrip(":").lstrip("\n").split("\n\n")[0]
+  return [line for line in after.splitlines() if line.startswith("- ")]
+
+
+def test_both_reports_keep_partial_runs_out_of_their_tables_and_list_them(tmp_path):
+  from tf_tput.records import results
+  partial_rate = 777777.0  # what the interrupted run measured: in no table, no ratio
+  records = [
+      train_record("t5_base", "mtf", 1000.0, run_id="ok-mtf"),
+      train_record("t5_base", "jax", 1500.0, run_id="ok-jax"),
+      train_record("t5_base", "jax", status="failed", run_id="failed-jax"),
+      train_record("t5_base", "jax", status="interrupted", run_id="int-jax", signal="SIGTERM",
+                   error="SIGTERM after 5 step(s), 4 of them measured",
+                   tokens_per_sec=partial_rate, step_time_s={k: 0.5 for k in
+                                                             results.STEP_TIME_KEYS},
+                   mfu=0.9, model_tflops_per_sec=9.0, peak_flops_per_device=1e13),
+      train_record("t5_small", "mtf", status="interrupted", run_id="int-mtf",
+                   signal="SIGINT", error="SIGINT before the first measured step")]
+  path = tmp_path / "r.jsonl"
+  for r in records:
+    results.append(str(path), r)
+  train, problems = results.read(str(path))
+  assert problems == [] and len(train) == len(records)
+  text, report = _reports(train)
+  # The same ok runs in the tables: one console row each, pooled in Table 1's rows.
+  rows = _console_rows(text)
+  assert [(row["model"], row["system"], row["tokens/s"]) for row in rows] == [
+      ("t5_base", "mtf", "1,000"), ("t5_base", "jax", "1,500")]
+  assert (rows[1]["vs mtf"], rows[1]["MFU@best"]) == ("1.50x", "0.4%")  # ok peaks only
+  table1 = _table1_rows(report)
+  assert table1[("t5_base", "mtf")][0] == "1"
+  runs, tokens = table1[("t5_base", "jax")]
+  assert runs == "1 (+1 failed, 1 interrupted)" and tokens == "1,500 [1.5k–2.28k]"
+  assert table1[("t5_small", "mtf")] == ("0 (1 interrupted)", tables.NO_OK_RUN)
+  # The same partial runs listed below, in the same words.
+  listed = _listed(text, tables.PARTIAL_HEADING)
+  assert listed == _listed(report, tables.PARTIAL_HEADING)
+  assert [line.split("(run ")[1].split(",")[0] for line in listed] == [
+      "failed-jax", "int-jax", "int-mtf"]
+  assert "t5_base jax float32 batch:2;model:2 batch 8" in listed[1]
+  assert listed[1].endswith("interrupted: SIGTERM after 5 step(s), 4 of them measured")
+  assert ": failed: step 3: boom" in listed[0]
+  # No figure of a partial run: its tokens/s, its ratio, its peak.
+  for out in (text, report):
+    assert "777,777" not in out and "778k" not in out and "777.78x" not in out
+  assert "TFLOP/s/device" not in text and "40,000" not in report  # its 4 x 10 TFLOP/s
+
+
+def _shared(system, tps, run_id, packed=False, concurrent=("other1",)):
+  """An ok t5_base run; other tf_tput runs on its host: `concurrent`."""
+  return train_record("t5_base", system, tps, run_id=run_id, packed=packed,
+                      concurrent_runs=list(concurrent))
+
+
+def test_runs_that_shared_their_host_are_marked_in_both_reports():
+  older = {k: v for k, v in _shared("jax", 2000.0, "older").items()
+           if k not in ("concurrent_runs", "packed")}  # written before the fields
+  records = [_shared("mtf", 1000.0, "alone", concurrent=()),
+             _shared("jax", 1500.0, "unasked"),
+             _shared("jax", 1800.0, "asked", packed=True), older,
+             _shared("jax", 1600.0, "asked-alone", packed=True, concurrent=())]
+  text, report = _reports(records)
+  rows = {(row["system"], row["tokens/s"]): (row["host"], row["vs mtf"])
+          for row in _console_rows(text)}
+  assert rows == {("mtf", "1,000"): ("", "1.00x"), ("jax", "1,500"): ("shared", "1.50x"),
+                  ("jax", "1,800"): ("packed", "1.80x"), ("jax", "2,000"): ("", "2.00x"),
+                  ("jax", "1,600"): ("", "1.60x")}  # marked, and still compared
+  notes = tables.sharing_notes(records)
+  assert [n.split(":")[0] for n in notes] == ["shared", "packed"]
+  assert "rerun it alone" in notes[0] and "(run(s) unasked)" in notes[0]
+  assert "--packed" in notes[1] and "(run(s) asked)" in notes[1]
+  assert all(note in text for note in notes)
+  assert all(f"- {note}" in report for note in notes)
+  # Table 1 pools them (they are ok results) and says how many shared.
+  runs, tokens = _table1_rows(report)[("t5_base", "jax")]
+  assert runs == "4 (1 shared, 1 packed)" and tokens.startswith("1,700 [")
+  assert _table1_rows(report)[("t5_base", "mtf")][0] == "1"
+  alone = [r for r in records if r["run_id"] in ("alone", "older")]
+  assert tables.sharing_notes(alone) == []
+  assert all("(run(s) " not in out for out in _reports(alone))
+  assert {row["host"] for row in _console_rows(_reports(alone)[0])} == {""}
+  assert _table1_rows(_reports(alone)[1])[("t5_base", "jax")][0] == "1"
+
+
+def test_runs_of_slurm_job_arrays_are_counted_per_task_in_both_reports():
+  def task(job, task_id, run_id, status="ok"):
+    return train_record(status=status, run_id=run_id, array_job_id=job,
+                        array_task_id=task_id)
+  older = {k: v for k, v in train_record(run_id="g").items()
+           if k not in ("array_job_id", "array_task_id")}  # written before the fields
+  records = [task("14", 1, "a"), task("14", 0, "b"), task("14", 0, "c", "interrupted"),
+             task("14", 0, "d"), task("15", 0, "e", "failed"),
+             train_record(run_id="f"), older]  # outside any array
+  assert tables.array_lines(records) == [
+      "array 14: task 0: 2 ok, 1 interrupted; task 1: 1 ok", "array 15: task 0: 1 failed"]
+  text, report = _reports(records)
+  assert _listed(text, tables.ARRAYS_HEADING) == _listed(
+      report, f"## {tables.ARRAYS_HEADING}") == [
+      "- array 14: task 0: 2 ok, 1 interrupted; task 1: 1 ok",
+      "- array 15: task 0: 1 failed"]
+  assert all(tables.ARRAYS_HEADING not in out for out in _reports(records[-2:]))

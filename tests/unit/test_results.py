@@ -23,6 +23,7 @@ def valid_record(**overrides) -> dict:
       "model": "t5_tiny", "arch": "encoder_decoder", "num_params": 263168,
       "mesh_shape": "batch:2;model:2", "layout": "batch:batch;d_ff:model",
       "num_devices": 4, "num_processes": 1, "launcher": "slurm", "job_id": "41",
+      "array_job_id": "40", "array_task_id": 1, "concurrent_runs": [], "packed": False,
       "nodes": ["test-host/10.0.0.1"],
       "num_nodes": 1, "global_batch": 8, "inputs_length": 16,
       "targets_length": 16, "dtype": "float32", "embedding": "one_hot",

@@ -10,7 +10,8 @@ from tf_tput import config
 from tf_tput import suite as suites
 from tf_tput.records import keys, results
 from tf_tput.errors import UsageError
-from tf_tput.suite import __main__ as suite_main
+from tf_tput.runtime import launchers
+from tf_tput.suite import __main__ as suite_main, shares
 
 from record_fixtures import micro_record, train_record
 
@@ -348,11 +349,13 @@ def test_islands_pipeline_local_puts_one_stage_in_each_of_four_islands():
 
 def test_srun_starts_each_run_of_cluster_local_as_one_step_of_its_tasks():
   runs = suites.expand(suites.load("cluster_local"))
-  tasks = {r.flags["system"]: r.command("r.jsonl", launcher="srun")[:3] for r in runs}
+  tasks = {r.flags["system"]: r.command("r.jsonl", launcher="srun")[:len(suites.SRUN) + 1]
+           for r in runs}
   assert tasks == {"jax": [*suites.SRUN, "--ntasks=2"], "torch": [*suites.SRUN, "--ntasks=2"],
                    "tf2": [*suites.SRUN, "--ntasks=2"],  # every worker runs the program
                    "mtf": [*suites.SRUN, "--ntasks=3"]}  # the chief and its 2 workers
-  assert all(r.command("r.jsonl", launcher="srun")[3:5] == [sys.executable, "-m"]
+  assert all(r.command("r.jsonl", launcher="srun")[len(suites.SRUN) + 1:][:2] == [
+      sys.executable, "-m"]
              for r in runs)
 
 
@@ -365,3 +368,33 @@ def test_srun_refuses_what_a_slurm_step_cannot_be():
   wide = dataclasses.replace(mtf, launcher=("--num_workers=2", "--devices_per_worker=2"))
   with pytest.raises(UsageError, match="runs a worker server as one task with one device"):
     wide.command("r.jsonl", launcher="srun")
+
+
+def test_a_run_the_slurm_job_cannot_hold_is_one_line_naming_it_and_the_options():
+  runs = suites.expand(suites.load("cluster_local"))  # 2, 2, 2 and 3 (mtf) tasks
+  suites.check_allocation(runs, launchers.SlurmAllocation(3, 1, False))
+  suites.check_allocation(runs, launchers.SlurmAllocation(1, 1, True))  # --overcommit
+  with pytest.raises(UsageError) as raised:
+    suites.check_allocation(runs, launchers.SlurmAllocation(2, 1, False))
+  assert str(raised.value).startswith("run 't5_tiny mtf multi_worker float32 data2 batch 8 "
+                                      "2 workers' is a job step of 3 tasks")
+  assert "sbatch --ntasks=3" in str(raised.value) and "--overcommit" in str(raised.value)
+  with pytest.raises(UsageError, match="'t5_tiny jax float32 data2 batch 8 2 processes' "
+                     "is a job step of 2 tasks and this job has 2 CPU"):
+    suites.check_allocation(runs, launchers.SlurmAllocation(2, 2, False))
+
+
+def test_a_retried_run_s_log_is_kept_beside_the_earlier_attempt_s(tmp_path):
+  run = suites.expand(suites.load("cluster_local"))[0]
+  first = suite_main._log_path(tmp_path, run)
+  first.write_text("interrupted\n")
+  second = suite_main._log_path(tmp_path, run)
+  second.write_text("ok\n")
+  assert second.name == first.name.replace(".log", ".attempt2.log")
+  assert suite_main._log_path(tmp_path, run).name.endswith(".attempt3.log")
+
+
+def test_the_resume_advice_of_an_array_task_requeues_that_task_only():
+  task = shares.ArrayTask("14", 2, 0, 3, 1, 4)
+  assert suite_main._resume(task) == "requeue this array task (scontrol requeue 14_2)"
+  assert suite_main._resume(None) == "rerun the same command"

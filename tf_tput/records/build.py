@@ -11,8 +11,11 @@ from typing import Optional
 from tf_tput.records import provenance, results
 
 
+RUN_ID_LENGTH = 12  # hex characters
+
+
 def new_run_id() -> str:
-  return uuid.uuid4().hex[:12]
+  return uuid.uuid4().hex[:RUN_ID_LENGTH]
 
 
 def utc_now() -> str:

@@ -34,6 +34,11 @@ FIELDS = {
     # How it was started (runtime/launchers.py): tf_tput.launch, torchrun, slurm,
     # mpirun, tf_config, or None (by hand); the launcher's job id where it has one.
     "launcher": _OPT_STR, "job_id": _OPT_STR,
+    # The Slurm job array task it ran in (SLURM_ARRAY_JOB_ID, _TASK_ID); None outside.
+    "array_job_id": _OPT_STR, "array_task_id": (int, type(None)),
+    # Other tf_tput runs live on process 0's host while it ran (runtime/host_runs.py),
+    # and whether the user asked for that (train's --packed).
+    "concurrent_runs": list, "packed": bool,
     # Where it ran: the distinct nodes its workers (the processes holding its devices)
     # ran on, sorted (docs/records.md says how each runtime names them), and how many;
     # [] and 0 where the devices never resolved.
@@ -114,7 +119,8 @@ LATER_FIELDS = {
              "devices_per_island", "dcn_rate", "link_bytes_per_step",
              "link_bytes_per_step_analytic", "build_s", "compile_s", "first_step_s",
              "warmup_s", "compilation_cache", "variant", "caveat", "nodes",
-             "num_nodes", "launcher", "job_id", "steps_measured", "window_s", "signal"),
+             "num_nodes", "launcher", "job_id", "steps_measured", "window_s", "signal",
+             "array_job_id", "array_task_id", "concurrent_runs", "packed"),
     MICRO_SCHEMA: ("run_key", "computation_ms_measured"),
 }
 

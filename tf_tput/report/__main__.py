@@ -12,7 +12,6 @@ with their line numbers and skipped; the rest is read.
 import csv
 import os
 import sys
-import textwrap
 
 from absl import app
 from absl import flags
@@ -21,7 +20,7 @@ from tf_tput import errors
 from tf_tput.records import results
 from tf_tput.errors import UsageError
 from tf_tput.report import compare as compare_lib
-from tf_tput.report import document, tables
+from tf_tput.report import console, document, tables
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("results", ["results/runs.jsonl"], "Comma-separated result files "
@@ -65,37 +64,6 @@ def _read(paths: list, flag: str) -> tuple:
   return train, micro, sources, problems
 
 
-def _aligned(header: list, rows: list) -> str:
-  table = [header] + rows
-  widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-                   for row in table)
-
-
-def _console(train: list, micro: list) -> None:
-  if train:
-    print(tables.format_table(train))
-    print("\nMFU peaks, each once (every record's peak_source has the whole text):")
-    print("\n".join(tables.peak_lines(train)))
-    print(textwrap.fill(
-        "tokens/s counts non-padding tokens over measured steps (warmup excluded); "
-        "MFU = model FLOP/s (3 x forward matmuls) / the run's own peak; MFU@best uses "
-        "the best peak measured on the same hardware and dtype in these files; startup: "
-        "build + warmup seconds before the first measured step (hit/miss: the "
-        "compilation cache).",
-        tables.PEAKS_WIDTH))
-  scalar = [r for r in micro if not r["matmul_n"]]
-  if scalar:
-    if train:
-      print()
-    print("computations/s (median over runs [range of timed repeats]):")
-    print(_aligned(*tables.micro_table(scalar)))
-  crossover = [r for r in micro if r["matmul_n"]]
-  if crossover:
-    print("\ncrossover (opbyop with a matmul; ms measured: its median time here):")
-    print(_aligned(*tables.crossover_table(crossover)))
-
-
 def write_report(out: str, train: list, micro: list, sources: list, problems: list) -> list:
   """Writes the report directory; returns the paths written."""
   from tf_tput.report import plots  # matplotlib only when plots are drawn
@@ -135,7 +103,7 @@ def _compare() -> int:
   if not rows:
     raise UsageError(f"{FLAGS.compare} and {FLAGS.against} share no configuration with "
                      "ok records; compare files of the same suite or benchmark")
-  print(_aligned(header, rows))
+  print(console.aligned(header, rows))
   for note in notes:
     print(note)
   print("verdict: faster / slower only when the new spread lies wholly above / below "
@@ -154,7 +122,7 @@ def run() -> int:
           "python -m tf_tput.train first", file=sys.stderr)
     return 1
   if FLAGS.out is None:
-    _console(train, micro)
+    print(console.render(train, micro))
     return 0
   for path in write_report(FLAGS.out, train, micro, sources, problems):
     print(f"wrote {path}")

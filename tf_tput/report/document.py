@@ -82,7 +82,9 @@ def _published_section() -> list:
 def _train_section(train: list, plots: dict) -> list:
   header, rows = tables.table1(train)
   out = ["## Training throughput (Table 1 style)", "", tables.markdown(header, rows), "",
-         "One row per configuration and system. tokens/s: median over the system's ok "
+         "One row per configuration and system. runs: its ok runs (how many shared "
+         "their host, marked below), then (+) its failed and interrupted runs, which "
+         "no figure counts; tokens/s: median over the system's ok "
          "runs of the configuration, [spread]; step median: the median of those runs' "
          "median step times; MFU: median against each run's own peak; "
          f"vs {tables.baseline_system(train)}: the row's median tokens/s over that "
@@ -90,6 +92,8 @@ def _train_section(train: list, plots: dict) -> list:
          "figures for a model of the same name on TPUv3 at the paper's core counts "
          f"({published.CITATION}), the same on every system's row; another machine and "
          "scale, never divided by a local figure.", ""]
+  notes = tables.sharing_notes(tables.ok_runs(train))
+  out += [f"- {note}" for note in notes] + ([""] if notes else [])
   if plots.get("tokens_per_sec"):
     out += [f"![tokens/s per system and model]({plots['tokens_per_sec']})", ""]
   if any(r["arch"] == "decoder" for r in train):
@@ -117,25 +121,25 @@ def _train_section(train: list, plots: dict) -> list:
             "ideal-link projection is the unshaped islands run's step plus the bytes "
             "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
             ""]
-  failed = [r for r in train if r["status"] != "ok"]  # failed or interrupted
-  if failed:
-    out += ["### Failed and interrupted runs (in no table)", ""]
-    out += [f"- {r['model']} {r['system']} {r['dtype']} {r['mesh_shape']} batch "
-            f"{r['global_batch']} (run {r['run_id']}, {r['started_at']}): "
-            f"{r['status']}: {r['error']}" for r in failed]
-    out.append("")
+  partial = tables.partial_runs(train)
+  if partial:
+    out += [f"### {tables.PARTIAL_HEADING}", ""]
+    out += [f"- {tables.partial_line(r)}" for r in partial] + [""]
   out += ["## Step-time distributions", ""]
   if plots.get("step_times"):
     out += [f"![step times per run]({plots['step_times']})", ""]
-  out += ["MFU peaks (whole machine, per system and dtype; each run's `peak_source` "
-          "is in results.csv): " + _peaks(train), ""]
+  out += ["MFU peaks of the ok runs (whole machine, per system and dtype; each run's "
+          "`peak_source` is in results.csv): " + _peaks(train), ""]
+  arrays = tables.array_lines(train)
+  if arrays:
+    out += [f"## {tables.ARRAYS_HEADING}", ""] + [f"- {a}" for a in arrays] + [""]
   return out
 
 
 def _peaks(train: list) -> str:
   parts = []
   for (system, dtype, kind), runs in sorted(tables.group(
-      [r for r in train if r["peak_flops_per_device"]],
+      [r for r in tables.ok_runs(train) if r["peak_flops_per_device"]],
       lambda r: (r["system"], r["dtype"], r["peak_source"].split(":")[0])).items()):
     whole = [r["peak_flops_per_device"] * r["num_devices"] / 1e9 for r in runs]
     parts.append(f"{system} {dtype} {kind} {min(whole):,.0f}–{max(whole):,.0f} GFLOP/s "

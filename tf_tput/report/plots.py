@@ -46,7 +46,8 @@ def tokens_per_sec(records: list, path: str):
       ok = [r for r in runs if r["system"] == system and r["status"] == "ok"]
       if not ok:
         mine = [r for r in runs if r["system"] == system]
-        ax.annotate("failed" if mine else "not run", (x + (i - (len(names) - 1) / 2) * width, 0),
+        ax.annotate(tables.NO_OK_RUN if mine else "not run",
+                    (x + (i - (len(names) - 1) / 2) * width, 0),
                     xycoords=("data", "axes fraction"), ha="center", va="bottom",
                     rotation=90, fontsize=8, color="gray")
         continue
@@ -104,12 +105,12 @@ def fig5(records: list, path: str):
 
 
 def step_times(records: list, path: str):
-  """One box per run: p10-p90 box, median line, min-max whiskers, mean marker.
+  """One box per ok run: p10-p90 box, median line, min-max whiskers, mean marker.
 
   Records keep these statistics, not every step's duration, so the boxes show
   exactly what was recorded.
   """
-  runs = [r for r in records if r["step_time_s"]["median"] is not None]
+  runs = [r for r in tables.ok_runs(records) if r["step_time_s"]["median"] is not None]
   if not runs:
     return None
   stats = [{"label": f"{r['model']} {r['system']} {r['dtype']} {r['mesh_shape']} "

@@ -18,7 +18,7 @@ from tf_tput.report import published
 BASELINE_SYSTEM = systems.DEFAULT  # the paper's TF baseline: ratios divide by it
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
            f"vs {BASELINE_SYSTEM}", "step p10 / median / p90 (s)", "MFU", "MFU@best",
-           "startup (s)", "final loss", "status")
+           "startup (s)", "final loss", "host")
 # Records that differ only in their system are the same configuration. The embedding
 # is part of it: a row lookup does less arithmetic than mtf's one-hot matmul. Records
 # from before a field existed (results.LATER_FIELDS) have None there. sync_every too:
@@ -74,13 +74,13 @@ def _hardware(r: dict) -> tuple:
 
 
 def best_peaks(records: list) -> dict:
-  """Per hardware and dtype, the highest whole-machine peak any record measured.
+  """Per hardware and dtype, the highest whole-machine peak any ok record measured.
 
   Each system's MFU is against its own framework's matmul peak; MFU@best puts every
   system on the same machine and dtype against one peak, the best either reached.
   """
   best = {}
-  for r in records:
+  for r in ok_runs(records):
     if r["peak_flops_per_device"]:
       whole = r["peak_flops_per_device"] * r["num_devices"]
       best[_hardware(r)] = max(best.get(_hardware(r), 0), whole)
@@ -128,21 +128,97 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
           "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
           startup_cell(r.get("build_s"), r.get("warmup_s"), r.get("compilation_cache")),
           "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
-          r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:60]}")
+          sharing(r) or "")
 
 
 def format_table(records: list) -> str:
-  """One row per record; "vs mtf" is tokens/s over the baseline's on the same config
-  (its latest ok record)."""
-  baselines = {config_key(r): r["tokens_per_sec"] for r in records
-               if r["system"] == BASELINE_SYSTEM and r["status"] == "ok"}
-  peaks = best_peaks(records)
-  rows = [COLUMNS] + [_row(r, baselines, peaks) for r in records]
+  """One row per ok record (partial_runs are listed apart); "vs mtf" is tokens/s over
+  the baseline's on the same config (its latest ok record)."""
+  ok = ok_runs(records)
+  baselines = {config_key(r): r["tokens_per_sec"] for r in ok
+               if r["system"] == BASELINE_SYSTEM}
+  peaks = best_peaks(ok)
+  rows = [COLUMNS] + [_row(r, baselines, peaks) for r in ok]
   widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
   lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
            for row in rows]
   lines.insert(1, "  ".join("-" * w for w in widths))
   return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------
+# What both reports say below their tables: partial runs, shared hosts, job arrays.
+
+# Statuses of runs that did not measure to the end: every table leaves them out and
+# every report lists them below its tables.
+PARTIAL_STATUSES = tuple(s for s in results.STATUSES if s != "ok")
+PARTIAL_HEADING = f"{' and '.join(PARTIAL_STATUSES).capitalize()} runs (in no table)"
+NO_OK_RUN = "no ok run"  # a table cell where every run of it was partial
+
+
+def ok_runs(records: list) -> list:
+  return [r for r in records if r["status"] == "ok"]
+
+
+def partial_runs(records: list) -> list:
+  """The records no table holds, in the order read."""
+  return [r for r in records if r["status"] in PARTIAL_STATUSES]
+
+
+def partial_line(r: dict) -> str:
+  """What a partial run was, its status and why."""
+  return (f"{r['model']} {r['system']} {dtype_label(r)} {r['mesh_shape']} batch "
+          f"{r['global_batch']} (run {r['run_id']}, {r['started_at']}): "
+          f"{r['status']}: {r['error']}")
+
+
+def status_counts(runs: list) -> str:
+  """'2 ok, 1 interrupted': runs per status, in results.STATUSES order."""
+  counts = collections.Counter(r["status"] for r in runs)
+  return ", ".join(f"{counts[s]} {s}" for s in results.STATUSES if counts[s])
+
+
+# How a run's host was shared while it measured -> what its mark means. Records from
+# before concurrent_runs and packed lack them: not marked.
+SHARING_NOTES = {
+    "shared": "another tf_tput train run was live on the same host while it ran, "
+              "unasked, so its tokens/s is likely low; rerun it alone",
+    "packed": "it shared its host with other tf_tput train runs as asked (train "
+              "--packed); its tokens/s is a shared host's",
+}
+
+
+def sharing(r: dict):
+  """The run's mark (a key of SHARING_NOTES) where other runs were live on its host,
+  else None."""
+  if not r.get("concurrent_runs"):
+    return None
+  return "packed" if r.get("packed") else "shared"
+
+
+def sharing_notes(ok: list) -> list:
+  """A footnote per mark the ok runs carry, naming the runs."""
+  marked = group([r for r in ok if sharing(r)], sharing)
+  return [f"{mark}: {note} (run(s) {', '.join(r['run_id'] for r in marked[mark])})."
+          for mark, note in SHARING_NOTES.items() if mark in marked]
+
+
+ARRAYS_HEADING = "Slurm job arrays"
+
+
+def array_lines(records: list) -> list:
+  """Per Slurm job array the records ran in, each task's runs by status:
+  'array 14: task 0: 2 ok, 1 interrupted; task 1: 1 ok'. [] where none did."""
+  in_arrays = [r for r in records if r.get("array_job_id")]
+  lines = []
+  for job, runs in group(in_arrays, lambda r: r["array_job_id"]).items():
+    by_task = group(sorted(runs, key=lambda r: (r.get("array_task_id") is None,
+                                                r.get("array_task_id") or 0)),
+                    lambda r: r.get("array_task_id"))
+    lines.append(f"array {job}: " + "; ".join(
+        f"task {'?' if task is None else task}: {status_counts(mine)}"
+        for task, mine in by_task.items()))
+  return lines
 
 
 PEAKS_WIDTH = 100  # columns the peak footer wraps at
@@ -315,16 +391,17 @@ def table1(records: list) -> tuple:
              for s in names}
     base = tokens_band(ok_of[baseline])[0] if ok_of[baseline] else None
     for s in names:
-      ok, failed = ok_of[s], [r for r in runs if r["system"] == s and r["status"] != "ok"]
-      if not ok and not failed:
+      ok, partial = ok_of[s], partial_runs([r for r in runs if r["system"] == s])
+      if not ok and not partial:
         continue  # not run on this configuration: no row
-      others = ", ".join(f"{n} {status}" for status, n in sorted(
-          collections.Counter(r["status"] for r in failed).items()))  # not counted
-      count = f"{len(ok)}" + (f" (+{others})" if failed and ok else
-                              f" ({others})" if failed else "")
       if not ok:
-        rows.append(config + [s, count, "failed", "–", "–", "–", "–"] + pub_cells)
+        rows.append(config + [s, f"0 ({status_counts(partial)})", NO_OK_RUN, "–", "–",
+                              "–", "–"] + pub_cells)
         continue
+      marks = collections.Counter(sharing(r) for r in ok if sharing(r))
+      notes = [f"{marks[m]} {m}" for m in SHARING_NOTES if marks[m]]
+      notes += [f"+{status_counts(partial)}"] if partial else []  # not counted
+      count = f"{len(ok)}" + (f" ({', '.join(notes)})" if notes else "")
       median, low, high = tokens_band(ok)
       mfus = [r["mfu"] for r in ok if r["mfu"] is not None]
       steps = [r["step_time_s"]["median"] for r in ok]
@@ -488,7 +565,7 @@ def table2(records: list) -> tuple:
         tried = any(r["system"] == s for r in mine)
         row += ([f"{band[0]:,.0f} [{_si(band[1])}–{_si(band[2])}]",
                  f"{band[0] / spmd[s]:.2f}x" if s in spmd else "–"] if band
-                else ["failed" if tried else "not run", "–"])
+                else [NO_OK_RUN if tried else "not run", "–"])
       pub = published.table_row(first)
       row += ([f"{pub[3]:,} ({pub[1]})", f"{pub[3] / published_spmd:.2f}x"] if pub
               else ["–", "–"])

@@ -17,6 +17,10 @@ job, tf_tput.launch anywhere):
                   SLURM_PROCID, SLURM_STEP_NUM_TASKS,  for the job
                   SLURM_LOCALID, SLURM_STEP_NODELIST
 
+Every process of one run records and logs one run id (run_id): the one tf_tput.launch
+or tf_tput.suite gave it (processes.RUN_ID_ENV), else, in a Slurm step, one made of
+the step's ids, which all its tasks share.
+
 The coordinators are where JAX's own cluster detection puts its own, so a framework
 that brings its own rendezvous (torch's TCPStore) meets where JAX would. None of them
 recognised: launcher None, one process, unless the framework finds a cluster itself
@@ -27,12 +31,14 @@ line naming both values, exit 2).
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
 from typing import Mapping, Optional
 
 from tf_tput.errors import UsageError
+from tf_tput.records import build
 from tf_tput.runtime import processes
 
 LAUNCHERS = ("tf_tput.launch", "torchrun", "mpirun", "tf_config", "slurm")
@@ -55,6 +61,11 @@ class Launch:
   # The step's hosts, in task order (Slurm: SLURM_STEP_NODELIST expanded); () unknown.
   hosts: tuple = ()
   tf_config: Optional[dict] = None  # TF_CONFIG's cluster and task, where it is set
+  # The Slurm job array task the process runs in (SLURM_ARRAY_JOB_ID, _TASK_ID).
+  array_job_id: Optional[str] = None
+  array_task_id: Optional[int] = None
+  # The run id all processes of this run share; None: none given, the run makes one.
+  run_id: Optional[str] = None
 
   @property
   def alone(self) -> bool:
@@ -190,8 +201,11 @@ def _slurm(environ) -> Optional[Launch]:
   if "SLURM_JOB_ID" not in environ:
     return None
   job_id = environ["SLURM_JOB_ID"]
+  array = {"array_job_id": environ.get("SLURM_ARRAY_JOB_ID"),
+           "array_task_id": (_int(environ, "SLURM_ARRAY_TASK_ID")
+                             if "SLURM_ARRAY_TASK_ID" in environ else None)}
   if "SLURM_STEP_NUM_TASKS" not in environ:  # sbatch's script, salloc's shell
-    return Launch("slurm", job_id=job_id)
+    return Launch("slurm", job_id=job_id, **array)
   size = _int(environ, "SLURM_STEP_NUM_TASKS")
   if "SLURM_NTASKS" in environ and _int(environ, "SLURM_NTASKS") != size:
     # JAX's own detection counts SLURM_NTASKS
@@ -207,8 +221,49 @@ def _slurm(environ) -> Optional[Launch]:
                           and len(per_host) == len(hosts) else size),
                          coordinator=(f"{hosts[0]}:{jax_port(_int(environ, 'SLURM_JOB_ID'))}"
                                       if hosts else None),
-                         job_id=job_id, hosts=hosts),
+                         job_id=job_id, hosts=hosts, run_id=_slurm_run_id(environ),
+                         **array),
                   "SLURM_PROCID and SLURM_STEP_NUM_TASKS")
+
+
+def _slurm_run_id(environ) -> str:
+  """The same in every task of one step, and new for each step, requeue and cluster."""
+  step = ":".join(environ.get(name, "") for name in (
+      "SLURM_CLUSTER_NAME", "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"))
+  return hashlib.sha256(step.encode()).hexdigest()[:build.RUN_ID_LENGTH]
+
+
+def _given_run_id(environ) -> Optional[str]:
+  run_id = environ.get(processes.RUN_ID_ENV)
+  if run_id is not None and not re.fullmatch(f"[0-9a-f]{{{build.RUN_ID_LENGTH}}}", run_id):
+    raise UsageError(f"{processes.RUN_ID_ENV}={run_id!r} is not a run id ("
+                     f"{build.RUN_ID_LENGTH} hex digits); tf_tput.launch and tf_tput.suite set "
+                     "it for the processes of one run: unset it")
+  return run_id
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmAllocation:
+  """What the Slurm job this process runs in may start as one job step (srun): tasks
+  of cpus_per_task CPUs each on its CPUs, or, under sbatch --overcommit, any number."""
+  cpus: int
+  cpus_per_task: int
+  overcommit: bool
+
+  @property
+  def max_step_tasks(self) -> Optional[int]:
+    """None: no limit (--overcommit)."""
+    return None if self.overcommit else self.cpus // self.cpus_per_task
+
+
+def slurm_allocation(environ: Mapping = os.environ) -> Optional[SlurmAllocation]:
+  """The allocation of the Slurm job this process runs in; None outside one."""
+  if "SLURM_JOB_CPUS_PER_NODE" not in environ:
+    return None
+  return SlurmAllocation(sum(expand_counts(environ["SLURM_JOB_CPUS_PER_NODE"])),
+                         _int(environ, "SLURM_CPUS_PER_TASK")
+                         if "SLURM_CPUS_PER_TASK" in environ else 1,
+                         environ.get("SLURM_OVERCOMMIT") == "1")
 
 
 def _describe(launch: Launch) -> str:
@@ -222,7 +277,7 @@ def detect(environ: Mapping = os.environ) -> Launch:
                                  _mpirun(environ), _tf_config(environ), _slurm(environ))
            if launch is not None]
   if not found:
-    return Launch()
+    return Launch(run_id=_given_run_id(environ))
   inner = found[0]
   for outer in found[1:]:
     # tf_tput.launch runs anywhere and sets TF_CONFIG itself (its tf2 workers);
@@ -235,6 +290,9 @@ def detect(environ: Mapping = os.environ) -> Launch:
                        f"{_describe(outer)}; start it from one of them (unset the "
                        "other's variables)")
   slurm = next((launch for launch in found if launch.launcher == "slurm"), None)
-  if slurm and inner is not slurm and not inner.job_id:
-    inner = dataclasses.replace(inner, job_id=slurm.job_id)  # the job users look up
-  return inner
+  if slurm and inner is not slurm:  # the job and array task users look up
+    inner = dataclasses.replace(inner, job_id=inner.job_id or slurm.job_id,
+                                array_job_id=slurm.array_job_id,
+                                array_task_id=slurm.array_task_id)
+  given = _given_run_id(environ)
+  return dataclasses.replace(inner, run_id=given) if given else inner

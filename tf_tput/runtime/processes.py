@@ -21,11 +21,16 @@ import sys
 import tempfile
 import time
 
+from tf_tput.records import build
+
 # Set for each process launch() starts, and for the command run_with_servers() drives
 # the servers with; tf_tput.runtime.launchers reads them.
 COORDINATOR_ENV = "TF_TPUT_COORDINATOR"
 NUM_PROCESSES_ENV = "TF_TPUT_NUM_PROCESSES"
 PROCESS_ID_ENV = "TF_TPUT_PROCESS_ID"
+# The run id every process of one run records and logs (launchers.run_id): set by
+# launch() for its processes, and by tf_tput.suite for each run it starts.
+RUN_ID_ENV = "TF_TPUT_RUN_ID"
 # Where launch()'s processes keep their heartbeats (runtime/watchdog.py reads it): a
 # hung run's record can then name the process that stopped answering.
 HEARTBEAT_DIR_ENV = "TF_TPUT_HEARTBEAT_DIR"
@@ -40,6 +45,7 @@ _STARTUP_NOISE = re.compile(r"^\s*$|WARNING: All log messages before absl|To ena
                             r"[IWE]0000 |I\d{4} |W\d{4} .*(cuda|TensorRT)|E\d{4} .*cuda")
 
 POLL_S = 0.2
+COMMAND_PREFIX = "$ "  # a child's log opens with its command line (tf_tput.suite)
 
 
 class StartError(OSError):
@@ -64,7 +70,10 @@ def log_tail(path, lines: int, empty: str) -> str:
       text = f.read().decode(errors="replace")
   except OSError:
     return "(no log)"
-  kept = [line.strip() for line in text.splitlines() if not _STARTUP_NOISE.match(line)]
+  # Not the command the log opens with ("$ ..."): the caller names the run, and an
+  # srun or launch command line is long enough to fill the tail.
+  kept = [line.strip() for line in text.splitlines()
+          if not _STARTUP_NOISE.match(line) and not line.startswith(COMMAND_PREFIX)]
   return " | ".join(kept[-lines:])[-600:] or empty
 
 
@@ -195,10 +204,11 @@ def launch(command: list, num_processes: int, grace_s: float,
 def _run_copies(command, num_processes, grace_s, timeout_s, reraise_interrupt,
                 coordinator, procs, interrupted, network, env_of, heartbeats) -> int:
   islands = network.islands if network else []
+  run_id = os.environ.get(RUN_ID_ENV) or build.new_run_id()  # one run, one id
   for index in range(num_processes):
     env = dict(os.environ, **{COORDINATOR_ENV: coordinator,
                               NUM_PROCESSES_ENV: str(num_processes),
-                              PROCESS_ID_ENV: str(index)})
+                              PROCESS_ID_ENV: str(index), RUN_ID_ENV: run_id})
     env.update(env_of(index) if env_of else {})
     prefix = []
     if islands:

@@ -26,7 +26,7 @@ import gin
 
 from tf_tput import GIN_DIR, GIN_PARENT, config, errors, micro, models, pipeline, systems
 from tf_tput.records import keys, results
-from tf_tput.runtime import islands as islands_lib, topology
+from tf_tput.runtime import islands as islands_lib, launchers, topology
 from tf_tput.errors import UsageError
 
 SUITES_DIR = GIN_DIR / "suites"
@@ -152,13 +152,14 @@ class Run:
 # How a suite's runs start (tf_tput.suite --launcher): under tf_tput.launch on this
 # machine, or each as a job step of the Slurm job the suite runs in (srun_prefix).
 LAUNCHERS = ("tf_tput.launch", "srun")
-# A task that fails ends its step: its peers would wait in a collective.
-SRUN = ("srun", "--kill-on-bad-exit=1")
+# A task that fails ends its step: its peers would wait in a collective. --label:
+# each line of the run's log says which task wrote it.
+SRUN = ("srun", "--kill-on-bad-exit=1", "--label")
 
 
-def srun_prefix(run: Run) -> list:
-  """What starts `run` as a job step of the Slurm job the suite runs in: its processes
-  as tasks (one for a one-process run); a chief and its worker servers as task 0 and
+def step_tasks(run: Run) -> int:
+  """The tasks of `run` as a job step of the Slurm job the suite runs in: its
+  processes (one for a one-process run); a chief and its worker servers as task 0 and
   the others (runtime/launchers.py, train's worker tasks); every worker of a program
   each worker runs, a task each. UsageError for what a Slurm step cannot be: islands
   (network namespaces of one machine), Ray nodes, workers of several devices."""
@@ -167,9 +168,9 @@ def srun_prefix(run: Run) -> list:
     raise UsageError(f"{run.label}: --launcher=srun cannot make islands (network "
                      "namespaces of one machine); run this suite without --launcher=srun")
   if "num_processes" in flags:
-    return [*SRUN, f"--ntasks={flags['num_processes']}"]
+    return int(flags["num_processes"])
   if "num_workers" not in flags:
-    return [*SRUN, "--ntasks=1"]
+    return 1
   system = systems.load(run.flags["system"])
   if int(flags.get("devices_per_worker", 1)) > 1 or not (
       system.every_worker or systems.drives_worker_servers(system)):
@@ -179,7 +180,29 @@ def srun_prefix(run: Run) -> list:
                      f"{flags.get('devices_per_worker', 1)} device(s); run this suite "
                      "without --launcher=srun")
   workers = int(flags["num_workers"])
-  return [*SRUN, f"--ntasks={workers if system.every_worker else workers + 1}"]
+  return workers if system.every_worker else workers + 1
+
+
+def srun_prefix(run: Run) -> list:
+  """What starts `run` as a job step of the Slurm job the suite runs in."""
+  return [*SRUN, f"--ntasks={step_tasks(run)}"]
+
+
+def check_allocation(runs: list, allocation: launchers.SlurmAllocation) -> None:
+  """That the Slurm job the suite runs in can start each run as a job step, checked
+  before the first starts (srun would refuse the step, and the suite record nothing):
+  UsageError naming the first run it cannot hold, what it needs, and the sbatch
+  options that give it."""
+  room = allocation.max_step_tasks
+  for run in runs:
+    tasks = step_tasks(run)
+    if room is not None and tasks > room:
+      raise UsageError(
+          f"run {run.label!r} is a job step of {tasks} tasks and this job has "
+          f"{allocation.cpus} CPU(s), room for {room} task(s) of "
+          f"{allocation.cpus_per_task} CPU(s): srun would refuse it; submit the suite "
+          f"with sbatch --ntasks={tasks}, or add --overcommit to run {tasks} tasks on "
+          "fewer CPUs (docs/clusters.md, \"Slurm\")")
 
 
 def _launches(m: TrainMatrix) -> list:

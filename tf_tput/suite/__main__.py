@@ -5,7 +5,7 @@
 
 Every run is `python -m tf_tput.train ...` or `python -m tf_tput.micro ...` in a
 child process (a crash, a leak or a hung framework cannot affect the next run), its
-output in a log file. A run whose key (tf_tput/suite/__init__.py) already has a
+output in a log file. A run whose key (tf_tput/records/keys.py) already has a
 finished record in --results is skipped, so rerunning the same command resumes. A run
 that fails is said on the console and in the summary, and the suite goes on; Ctrl-C
 (or SIGTERM, SIGHUP) stops the running child, which records what it measured as
@@ -25,8 +25,8 @@ from absl import app
 from absl import flags
 
 from tf_tput import REPO_ROOT, errors
-from tf_tput.records import results
-from tf_tput.runtime import processes, topology
+from tf_tput.records import build, results
+from tf_tput.runtime import launchers, processes, topology
 from tf_tput import suite as suites
 from tf_tput.suite import shares
 from tf_tput.errors import UsageError
@@ -105,9 +105,10 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  env[processes.RUN_ID_ENV] = build.new_run_id()  # the run's processes share it
   command = run.command(results_path, FLAGS.train_flag, FLAGS.launcher)
   with open(log_path, "wb") as log:
-    log.write(("$ " + " ".join(command) + "\n").encode())
+    log.write((processes.COMMAND_PREFIX + " ".join(command) + "\n").encode())
     log.flush()
     # Its own session: Ctrl-C reaches the suite only, which stops the child's group;
     # if the suite is killed outright, the child is killed too (processes.popen).
@@ -166,6 +167,11 @@ def run() -> int:
     raise UsageError("--launcher=srun runs each run as a job step of the Slurm job the "
                      "suite runs in, and this process is in none; submit it with sbatch "
                      "(scripts/slurm/suite.sbatch) or run it inside salloc")
+  allocation = launchers.slurm_allocation()
+  if FLAGS.launcher == "srun" and allocation is not None:
+    # Every run of the suite, not only this array task's share: all tasks of an array
+    # were submitted alike, so all of them run, or all refuse here.
+    suites.check_allocation(runs, allocation)
   task = shares.array_task()
   if FLAGS.share == "slurm_array":
     if task is None:
@@ -204,8 +210,7 @@ def run() -> int:
   try:
     for index, r in enumerate(todo, start=1):
       position = f"[{index}/{len(todo)}] {r.label}"
-      # Named by key as well as label: a retried run overwrites its own log only.
-      log_path = logs_dir / f"{re.sub(r'[^A-Za-z0-9]+', '_', r.label)}-{r.key[:8]}.log"
+      log_path = _log_path(logs_dir, r)
       print(f"{position}: running (log {log_path})", flush=True)
       seen = {rec["run_id"] for rec in results.read(results_path)[0]}
       run_started = time.monotonic()
@@ -225,22 +230,46 @@ def run() -> int:
     signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
     print(f"error: interrupted by {signal.Signals(signum).name}; stopped the running "
           f"child, which records what it measured as interrupted; {finished} of "
-          f"{len(todo)} run(s) finished, records kept in {results_path}; rerun the same "
-          "command to resume", file=sys.stderr)
+          f"{len(todo)} run(s) finished{_kept(results_path)}; {_resume(task)} to "
+          "resume", file=sys.stderr)
     return 128 + signum
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
   print(f"suite {suite.name}: {finished} run(s) finished, {len(failures)} of them "
         f"failed, {len(runs) - len(todo)} skipped as already done; took "
-        f"{_duration(time.monotonic() - started)}; records in {results_path}")
+        f"{_duration(time.monotonic() - started)}{_kept(results_path)}")
   for failure in failures:
     print(f"  failed: {failure}")
   if failures:
-    print(f"error: {len(failures)} run(s) failed (listed above); rerun the same command "
-          "to retry only those", file=sys.stderr)
+    print(f"error: {len(failures)} run(s) failed (listed above); {_resume(task)} to retry "
+          "only those", file=sys.stderr)
     return 1
   return 0
+
+
+def _kept(results_path: str) -> str:
+  """Where the records are, said only where there are some."""
+  return f"; records in {results_path}" if os.path.isfile(results_path) else ""
+
+
+def _resume(task) -> str:
+  """How to run what is left: the same command, or, for an array task, the task again
+  (resubmitting the array would start every task)."""
+  if task is None:
+    return "rerun the same command"
+  return f"requeue this array task (scontrol requeue {task.name})"
+
+
+def _log_path(logs_dir: pathlib.Path, run: suites.Run) -> pathlib.Path:
+  """The run's log: named by key as well as label, and a new file for each attempt, an
+  earlier attempt's (interrupted, failed) kept beside it."""
+  stem = f"{re.sub(r'[^A-Za-z0-9]+', '_', run.label)}-{run.key[:8]}"
+  path, attempt = logs_dir / f"{stem}.log", 1
+  while path.exists():
+    attempt += 1
+    path = logs_dir / f"{stem}.attempt{attempt}.log"
+  return path
 
 
 def main(argv) -> int:
