@@ -158,7 +158,7 @@ def test_a_worker_that_never_answers_is_named_within_the_timeout(tmp_path):
 @pytest.mark.parametrize("tf_config, expect", [
     ("{not json", "TF_CONFIG is not valid JSON"),
     (_tf_config("127.0.0.1:2222", ["127.0.0.1:2223"], {"type": "worker", "index": 1}),
-     "task is {'type': 'worker', 'index': 1} but this process drives the run"),
+     "task is {'type': 'worker', 'index': 1}; a worker's must be"),
 ])
 def test_a_bad_tf_config_is_one_clear_line(tf_config, expect, tmp_path):
   start = time.monotonic()

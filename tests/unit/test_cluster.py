@@ -3,6 +3,7 @@
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -57,6 +58,64 @@ def test_a_good_tf_config_gives_the_chief_and_the_workers_in_task_order():
 def test_a_bad_tf_config_names_what_is_wrong(text, expect):
   with pytest.raises(UsageError, match=expect):
     cluster.parse_tf_config(text)
+
+
+def test_a_worker_task_is_a_worker_to_serve_worker_and_refused_as_the_chief(monkeypatch):
+  text = _tf_config(task={"type": "worker", "index": 1})
+  chief, workers = cluster.parse_tf_config(text, as_worker=True)
+  assert chief == "127.0.0.1:2222" and len(workers) == 2
+  with pytest.raises(UsageError, match="this process drives the run"):
+    cluster.parse_tf_config(text)
+  # serve_worker's own parse, where the workers failed (no TF here: no Slurm).
+  monkeypatch.setenv(cluster.ENV, text)
+  resolver, chief, workers = tf_runtime._chief_and_workers(every_worker=False,
+                                                           as_worker=True)
+  assert resolver is None and chief == "127.0.0.1:2222" and len(workers) == 2
+
+
+@pytest.mark.parametrize("task, as_worker", [
+    ({"type": "worker", "index": 2}, True), ({"type": "worker"}, True),
+    ({"type": "chief", "index": 0}, True), (None, True),
+    ({"type": "worker", "index": 2}, False),  # out of range: no process, so the chief
+])
+def test_a_workers_task_must_name_a_worker_of_the_cluster(task, as_worker):
+  with pytest.raises(UsageError, match=r"a worker's must be .* with i below 2$"):
+    cluster.parse_tf_config(_tf_config(task=task), as_worker=as_worker)
+
+
+def test_a_hand_started_server_checks_its_chief_and_flags_before_tf(monkeypatch):
+  from tf_tput.systems.tensorflow import server
+  monkeypatch.setenv(cluster.ENV, _tf_config(task={"type": "worker", "index": 0}))
+  assert server._chief_to_serve(server._parse_args([])) == "127.0.0.1:2222"
+  with pytest.raises(UsageError, match="--cluster_timeout_s=0; it must be > 0"):
+    server._chief_to_serve(server._parse_args(["--cluster_timeout_s=0"]))
+  monkeypatch.setenv(cluster.ENV, _tf_config())
+  with pytest.raises(UsageError, match="a worker's must be"):
+    server._chief_to_serve(server._parse_args([]))
+  monkeypatch.delenv(cluster.ENV)
+  with pytest.raises(UsageError, match='a worker needs TF_CONFIG .*"type": "worker"'):
+    server._chief_to_serve(server._parse_args([]))
+
+
+def test_a_worker_serves_until_its_chief_has_come_and_gone(monkeypatch):
+  monkeypatch.setattr(cluster, "CHIEF_GONE_S", 0.3)
+  chief = socket.socket()
+  chief.bind(("127.0.0.1", 0))
+  chief.listen()
+  closer = threading.Timer(0.5, chief.close)
+  closer.start()
+  start = time.monotonic()
+  assert cluster.serve_until_chief_leaves(f"127.0.0.1:{chief.getsockname()[1]}", 30) == 0
+  assert 0.8 <= time.monotonic() - start < 5
+  closer.join()
+
+
+def test_a_worker_whose_chief_never_serves_exits_1_in_one_line(capsys):
+  [port] = processes.free_loopback_ports(1)
+  assert cluster.serve_until_chief_leaves(f"127.0.0.1:{port}", 0.3) == 1
+  out, err = capsys.readouterr()
+  assert out == "" and err.count("\n") == 1 and err.startswith(
+      f"error: the chief at 127.0.0.1:{port} did not serve within --cluster_timeout_s=0.3")
 
 
 def test_workers_get_their_own_devices_gpus_first_in_index_order():

@@ -16,6 +16,7 @@ starts; TensorFlow then reads the same variable through TFConfigClusterResolver.
 import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -27,6 +28,7 @@ PROBE_TIMEOUT_S = 1.0
 POLL_S = 0.2
 EXAMPLE = ('{"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}, '
            '"task": {"type": "chief", "index": 0}}')
+WORKER_EXAMPLE = EXAMPLE.replace('"type": "chief"', '"type": "worker"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,9 @@ class Worker:
 def parse_tf_config(text: str, as_worker: bool = False) -> tuple:
   """(chief address, [Worker]) from TF_CONFIG's text; UsageError naming what is wrong.
   as_worker: the task is one of the workers (it serves the chief; serve_worker)."""
+  if not text and as_worker:  # the server module started by hand
+    raise UsageError(f"a worker needs {ENV} naming its cluster and its task, e.g. "
+                     f"{WORKER_EXAMPLE}")
   if not text:
     raise UsageError(f"--strategy=multi_worker needs {ENV}, e.g. {EXAMPLE}; "
                      "python -m tf_tput.launch --num_workers=N sets it")
@@ -67,15 +72,17 @@ def parse_tf_config(text: str, as_worker: bool = False) -> tuple:
     raise UsageError(f"{ENV}'s cluster.chief lists {len(cluster[CHIEF])} addresses; a "
                      "cluster has one chief (the controller)")
   task = tf_config.get("task")
-  if as_worker:
-    if (not isinstance(task, dict) or task.get("type") != WORKER
-        or task.get("index") not in range(len(cluster[WORKER]))):
-      raise UsageError(f"{ENV}'s task is {task!r}; a worker's must be {{\"type\": "
-                       f"\"{WORKER}\", \"index\": i}} with i below {len(cluster[WORKER])}")
-  elif task != {"type": CHIEF, "index": 0}:
+  a_worker = isinstance(task, dict) and task.get("type") == WORKER
+  # A worker task whose index is out of range comes here as the chief (its launcher
+  # finds no process for it): say what a worker's task must be.
+  if ((as_worker or a_worker)
+      and not (a_worker and task.get("index") in range(len(cluster[WORKER])))):
+    raise UsageError(f"{ENV}'s task is {task!r}; a worker's must be {{\"type\": "
+                     f"\"{WORKER}\", \"index\": i}} with i below {len(cluster[WORKER])}")
+  if not as_worker and task != {"type": CHIEF, "index": 0}:
     raise UsageError(f"{ENV}'s task is {task!r} but this process drives the run: it must "
-                     f"be {{\"type\": \"{CHIEF}\", \"index\": 0}} (workers run python -m "
-                     "tf_tput.systems.tensorflow.server)")
+                     f"be {{\"type\": \"{CHIEF}\", \"index\": 0}} (a worker task serves "
+                     "it: the same command, or python -m tf_tput.systems.tensorflow.server)")
   workers = [Worker(i, address) for i, address in enumerate(cluster[WORKER])]
   return cluster[CHIEF][0], workers
 
@@ -141,7 +148,8 @@ def serve_until_chief_leaves(chief: str, timeout_s: float) -> int:
         return 0
     elif time.monotonic() >= deadline:
       print(f"error: the chief at {chief} did not serve within --cluster_timeout_s="
-            f"{timeout_s:g}; start it (task 0) or raise the timeout", flush=True)
+            f"{timeout_s:g}; start it (the chief task's train command, or task 0 of a "
+            "Slurm step) or raise the timeout", file=sys.stderr, flush=True)
       return 1
     time.sleep(POLL_S)
 

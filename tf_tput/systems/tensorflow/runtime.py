@@ -168,11 +168,13 @@ def slurm_resolver(tf, every_worker: bool):
       rpc_layer=slurm.rpc_layer, num_accelerators={})
 
 
-def _chief_and_workers(every_worker: bool):
+def _chief_and_workers(every_worker: bool, as_worker: bool = False):
   """(resolver or None, chief address, [Worker]) of this process's cluster: Slurm's
-  tasks (TensorFlow imported to resolve them), else TF_CONFIG's (checked without it)."""
+  tasks (TensorFlow imported to resolve them), else TF_CONFIG's (checked without it;
+  as_worker: its task is a worker that serves the chief, not the chief)."""
   if topology_lib.launched().launcher != "slurm":
-    chief, workers = tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""))
+    chief, workers = tf_cluster.parse_tf_config(os.environ.get(tf_cluster.ENV, ""),
+                                                as_worker=as_worker)
     return None, chief, workers
   import tensorflow as tf
   resolver = slurm_resolver(tf, every_worker)
@@ -187,7 +189,7 @@ def serve_worker(timeout_s: float) -> int:
   and gone; 1 when it never comes within timeout_s. Its exit code."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
-  resolver, chief, _ = _chief_and_workers(every_worker=False)
+  resolver, chief, _ = _chief_and_workers(every_worker=False, as_worker=True)
   resolver = resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
   server = tf.distribute.Server(
       resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,

@@ -1,15 +1,23 @@
-"""One TF worker: a tf.distribute.Server for the task TF_CONFIG names.
+r"""One TF worker: a tf.distribute.Server for the task TF_CONFIG names.
 
     TF_CONFIG='{"cluster": {"chief": ["127.0.0.1:P0"], "worker": ["127.0.0.1:P1"]},
                 "task": {"type": "worker", "index": 0}}' \
-        python -m tf_tput.systems.tensorflow.server --devices=2 --lifetime_s=3600
+        python -m tf_tput.systems.tensorflow.server --devices=2
 
-tf_tput.launch (--num_workers) and the TF micro-benchmark start one per worker and stop
-it when their run ends. The cluster, this task's job and index come from TF_CONFIG,
-read as tf.distribute's TFConfigClusterResolver reads it in any TF multi-worker job;
-the server exposes --devices logical CPU devices (ConfigProto device_count). It never
-outlives its starter: it exits when its parent process is gone (the starter was killed
-before it could stop it) or after --lifetime_s seconds, whichever comes first.
+The cluster, this task's job and index come from TF_CONFIG, read as tf.distribute's
+TFConfigClusterResolver reads it in any TF multi-worker job; the server exposes
+--devices logical CPU devices (ConfigProto device_count), and any GPUs TF finds.
+
+Started by hand (or by a cluster's own launcher), it serves TF_CONFIG's chief until
+the chief has come and gone, then exits 0; a chief that never serves within
+--cluster_timeout_s is one error line, exit 1. A train command run as a worker task
+does the same (runtime.serve_worker): both wait in cluster.serve_until_chief_leaves.
+
+tf_tput.launch (--num_workers) and the TF micro-benchmark start one per worker with
+--lifetime_s and stop it when their run ends, whatever their command (which need not
+be a chief that serves). It never outlives its starter: it exits when its parent
+process is gone (the starter was killed before it could stop it) or after
+--lifetime_s seconds, whichever comes first.
 
 TensorFlow's gRPC server listens on 0.0.0.0:PORT (all interfaces, dual-stack) whatever
 host the cluster spec names: grpc_server_lib.cc hard-codes the wildcard address and
@@ -24,6 +32,9 @@ import sys
 import threading
 import time
 import types
+
+from tf_tput.errors import UsageError
+from tf_tput.systems.tensorflow import cluster
 
 WATCH_PERIOD_S = 0.5
 READY_MARKER = "serving grpc://"  # printed once the server listens; starters wait for it
@@ -41,14 +52,43 @@ def _exit_when_orphaned_or_expired(parent_pid: int, lifetime_s: float) -> None:
   threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
-def main(argv=None) -> None:
+def _parse_args(argv) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--devices", type=int, required=True,
-                      help="logical CPU devices this worker exposes")
-  parser.add_argument("--lifetime_s", type=float, required=True,
-                      help="exit after this many seconds even if nobody stops us")
-  args = parser.parse_args(argv)
-  _exit_when_orphaned_or_expired(os.getppid(), args.lifetime_s)
+  parser.add_argument("--devices", type=int, default=1,
+                      help="logical CPU devices this worker exposes (default 1)")
+  parser.add_argument("--lifetime_s", type=float, default=None,
+                      help="for a starter that stops this server (tf_tput.launch, the "
+                      "micro-benchmark): exit when the starter is gone or after this "
+                      "many seconds, and watch no chief. Unset: serve TF_CONFIG's chief "
+                      "until it has come and gone")
+  parser.add_argument("--cluster_timeout_s", type=float, default=60.0,
+                      help="without --lifetime_s: exit 1 when TF_CONFIG's chief does "
+                      "not serve within this many seconds (default 60)")
+  return parser.parse_args(argv)
+
+
+def _chief_to_serve(args) -> str:
+  """The chief this server waits for (started without --lifetime_s), checked before
+  TensorFlow starts; UsageError naming what is wrong."""
+  if not args.cluster_timeout_s > 0:
+    raise UsageError(f"--cluster_timeout_s={args.cluster_timeout_s:g}; it must be > 0")
+  if args.devices < 1:
+    raise UsageError(f"--devices={args.devices}; it must be >= 1")
+  chief, _ = cluster.parse_tf_config(os.environ.get(cluster.ENV, ""), as_worker=True)
+  return chief
+
+
+def main(argv=None) -> None:
+  args = _parse_args(argv)
+  chief = None
+  if args.lifetime_s is not None:
+    _exit_when_orphaned_or_expired(os.getppid(), args.lifetime_s)
+  else:
+    try:
+      chief = _chief_to_serve(args)
+    except UsageError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
 
   cluster_spec, config_proto, server_class = _server_api()  # after the watch starts
   tf_config = json.loads(os.environ["TF_CONFIG"])
@@ -57,8 +97,13 @@ def main(argv=None) -> None:
                         task_index=index, start=True,
                         config=config_proto(device_count={"CPU": args.devices}))
   # server.target is grpc://host:port: the line contains READY_MARKER.
-  print(f"{job} {index} serving {server.target}", flush=True)
-  server.join()
+  print(f"{job} {index} serving {server.target}" + (f" for the chief at {chief}"
+                                                     if chief else ""), flush=True)
+  if chief is None:
+    server.join()  # never returns: the watch thread ends this process
+  # The train command's workers wait the same way (runtime.serve_worker).
+  code = cluster.serve_until_chief_leaves(chief, args.cluster_timeout_s)
+  os._exit(code)  # as the watch thread does: the server's threads never end
 
 
 def _server_api() -> tuple:
