@@ -62,6 +62,8 @@ class Cluster:
     self._not_ours = {p.pid for p in descendants()}
     self._started = True
     if self.joined:
+      from tf_tput.systems.torch.ray import auth
+      auth.check_accepted(self.joined)  # a refused token in one line, not 20 tries
       context = ray.init(address=self.joined, log_to_driver=False,
                          configure_logging=False)
     else:

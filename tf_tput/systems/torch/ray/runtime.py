@@ -32,6 +32,7 @@ from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime import topology as topology_lib
 from tf_tput.runtime.topology import Topology
+from tf_tput.systems.torch.ray import auth
 
 ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable: join the cluster there
 DEVICE_PREFIX = "ray-actor"  # devices are named ray-actor:0, ray-actor:1, ...
@@ -50,11 +51,13 @@ class RayRuntime:
   serves_workers = True    # tf_tput.launch --num_workers starts Ray nodes (nodes.py)
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
-    """The ray extra must be installed; checked before anything starts."""
+    """The ray extra must be installed, and a cluster's token given as Ray sends it
+    (auth.py); checked before anything starts."""
     missing = [m for m in ("ray", "torch") if importlib.util.find_spec(m) is None]
     if missing:
       raise UsageError(f"--system=ray needs {' and '.join(missing)}, not installed: "
                        "pip install -e '.[ray]'")
+    auth.check_env()  # joining a cluster: its token, as Ray will (not) send it
 
   def resolve(self, num_cpu_devices: Optional[int] = None, strategy: str = "local",
               every_worker: bool = False, cluster_timeout_s: float = 60.0,
