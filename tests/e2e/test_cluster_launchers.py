@@ -23,6 +23,7 @@ import pytest
 import tf_tput
 from tf_tput import suite as suites
 from tf_tput.records import results
+from tf_tput.runtime import cpus
 
 REPO = tf_tput.REPO_ROOT
 TINY = ["--gin_file=t5_tiny", "--gin_file=data2", "--steps=2", "--warmup_steps=1",
@@ -57,11 +58,15 @@ JAX_FLAGS = ["--num_cpu_devices=1"]
 
 @pytest.mark.parametrize("system, flags", [("jax", JAX_FLAGS), ("torch", [])])
 def test_mpirun_two_ranks_are_one_run(slurm, tmp_path, system, flags):
+  """As docs/clusters.md runs it: --bind-to none, each rank on every CPU."""
   path = tmp_path / "r.jsonl"
-  proc = _run(slurm.mpirun_command(2, [sys.executable, *_train(system, path, *flags)]),
-              slurm, tmp_path)
+  proc = _run(slurm.mpirun_command(2, ["--bind-to", "none", sys.executable,
+                                       *_train(system, path, *flags)]), slurm, tmp_path)
   record = _one_record(path, proc, "mpirun", 2)
   assert record["job_id"] and record["num_devices"] == 2  # job_id: mpirun's job
+  assert (record["env"]["cpu_binding"], record["env"]["cpu_affinity"]) == (
+      "none", cpus.as_list(range(slurm.cpus)))
+  assert "CPUs narrowed" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("system, flags", [("jax", JAX_FLAGS), ("torch", [])])

@@ -274,3 +274,35 @@ def test_an_unreadable_or_foreign_store_is_probed_again(tmp_path):
   store = _store(tmp_path)
   store.put("jax", "float32", 2048, 1e11)  # kept beside what it does not know
   assert store.get("jax", "float32", 2048).flops == 1e11
+
+
+def test_a_process_bound_to_fewer_cpus_probes_them_apart_and_its_devices_share_them(
+    tmp_path, monkeypatch):
+  """Under mpirun's default binding each rank has one core: its peak is that core's,
+  stored apart from the whole host's, and shared by its own devices only."""
+  from tf_tput.runtime import cpus
+  from tf_tput.runtime.topology import Topology
+  two_processes = Topology("jax", "cpu", ("a", "b"), "Test CPU", num_processes=2)
+  runtime = _CountingRuntime(0.01)
+  monkeypatch.setattr(cpus, "host_count", lambda: 2)
+  monkeypatch.setattr(cpus, "allowed", lambda: (0, 1))
+  whole, source = peak_lib.peak(runtime, two_processes, "float32", _store(tmp_path))
+  assert "on the host CPU (2 cores)" in source and "shared by 2 virtual" in source
+  probed = runtime.calls
+  monkeypatch.setattr(cpus, "allowed", lambda: (1,))
+  bound, source = peak_lib.peak(runtime, two_processes, "float32", _store(tmp_path))
+  assert runtime.calls == 2 * probed  # not the unbound probe the store keeps
+  assert "on CPU(s) 1 of the host's 2" in source and "shared by 1 virtual" in source
+  assert bound == pytest.approx(2 * whole, rel=0.5)  # the same matmul, one device
+
+
+def test_a_narrowed_affinity_is_one_line_naming_the_launcher_s_fix():
+  from tf_tput.runtime import cpus
+  assert (cpus.as_list((0, 1, 2, 5, 7, 8)), cpus.count("0-2,5,7-8")) == ("0-2,5,7-8", 6)
+  assert cpus.narrowing_note("0-1", 2, "mpirun", "none") is None
+  note = cpus.narrowing_note("1", 2, "mpirun", "Open MPI's default")
+  assert note.startswith("CPUs narrowed: process 0 ran on CPU(s) 1, 1 of the host's 2 "
+                         "(mpirun's binding: Open MPI's default)")
+  assert note.endswith("for the whole host: mpirun --bind-to none")
+  assert "--cpu-bind=none" in cpus.narrowing_note("0", 4, "slurm", "cores")
+  assert "taskset" in cpus.narrowing_note("0", 4, None, None)

@@ -6,9 +6,10 @@ the best of several n x n matmuls in the run's own framework and dtype, shared b
 virtual devices that run on the same cores. `peak_source` in a record says which.
 """
 
-import os
 import time
 from typing import Callable, Optional
+
+from tf_tput.runtime import cpus
 
 # Dense peak FLOP/s per device as frameworks address it (a TPU v2/v3 core, a v4/v5
 # chip, a GPU), from the vendors' published figures. float32 on NVIDIA Ampere and
@@ -88,9 +89,13 @@ STORED = "; stored probe of "
 
 def _sharing(topology) -> int:
   """Devices that share one CPU share its peak: all of them on this host, else a
-  worker's."""
-  return (topology.num_devices if topology.shares_host_cpu
-          else len(topology.workers[0].devices))
+  worker's. A process its launcher bound to some of the host's CPUs probed those
+  (runtime/cpus.py): its own devices share them, each process's CPUs its own."""
+  if not topology.shares_host_cpu:
+    return len(topology.workers[0].devices)
+  if len(cpus.allowed()) < cpus.host_count():
+    return max(1, topology.num_devices // topology.num_processes)
+  return topology.num_devices
 
 
 def peak(runtime, topology, dtype: str, store=None) -> tuple:
@@ -111,8 +116,11 @@ def peak(runtime, topology, dtype: str, store=None) -> tuple:
     if store:
       store.put(topology.framework, dtype, n, whole_cpu)
   worker_0 = topology.workers[0].address if topology.workers else topology.devices[0]
-  where = (f"the host CPU ({os.cpu_count()} cores)" if topology.shares_host_cpu
-           else f"worker 0's CPU ({worker_0})")
+  where = f"worker 0's CPU ({worker_0})"
+  if topology.shares_host_cpu:
+    mine = cpus.allowed()
+    where = (f"the host CPU ({cpus.host_count()} cores)" if len(mine) == cpus.host_count()
+             else f"CPU(s) {cpus.as_list(mine)} of the host's {cpus.host_count()}")
   source = (f"measured: {topology.framework} {n}x{n} {dtype} matmul on {where} = "
             f"{whole_cpu / 1e9:.0f} GFLOP/s, shared by {_sharing(topology)} virtual "
             "device(s)") + (f"{STORED}{kept.measured_at} ({store.path})" if kept else "")

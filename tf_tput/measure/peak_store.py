@@ -3,10 +3,11 @@
 A probe of the same matmul on the same CPU moved 181-252 GFLOP/s between runs
 minutes apart, so MFU from per-run probes compares noise, and every run paid seconds
 for it. A peak is kept per (CPU model, cores, framework and its version, GEMM path
-where the framework has several (gemm.py), dtype, matmul size) in one JSON file under the user's cache directory, with when it was measured;
-runs read it, and --reprobe_peak measures again and replaces it. A record's
-peak_source names the stored probe it used and when it was measured
-(tf_tput/measure/peak.py).
+where the framework has several (gemm.py), dtype, matmul size, and the CPUs the
+process may use where a launcher bound it to fewer than the host's) in one JSON file
+under the user's cache directory, with when it was measured; runs read it, and
+--reprobe_peak measures again and replaces it. A record's peak_source names the
+stored probe it used and when it was measured (tf_tput/measure/peak.py).
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import tempfile
 from typing import Optional
 
 from tf_tput.records import build, provenance
+from tf_tput.runtime import cpus
 
 FILE_NAME = "peaks.json"
 
@@ -44,8 +46,12 @@ class PeakStore:
     return PeakStore(self.path, {**self.versions, "gemm": path_name}, self.reprobe)
 
   def _key(self, framework: str, dtype: str, n: int) -> str:
-    return json.dumps([provenance.cpu_model(), os.cpu_count(), framework,
-                       sorted(self.versions.items()), dtype, n])
+    mine = cpus.allowed()
+    # The CPUs this process may use, as many as the host's or fewer (a launcher's
+    # binding, runtime/cpus.py): a bound run's peak is that of its CPUs.
+    return json.dumps([provenance.cpu_model(), cpus.host_count(), framework,
+                       sorted(self.versions.items()), dtype, n]
+                      + ([] if len(mine) == cpus.host_count() else [cpus.as_list(mine)]))
 
   def get(self, framework: str, dtype: str, n: int) -> Optional[Stored]:
     if self.reprobe:

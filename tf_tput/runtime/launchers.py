@@ -66,6 +66,9 @@ class Launch:
   array_task_id: Optional[int] = None
   # The run id all processes of this run share; None: none given, the run makes one.
   run_id: Optional[str] = None
+  # How the launcher binds its processes to CPUs, as it says (runtime/cpus.py); None:
+  # it does not, or does not say.
+  cpu_binding: Optional[str] = None
 
   @property
   def alone(self) -> bool:
@@ -168,7 +171,11 @@ def _mpirun(environ) -> Optional[Launch]:
                          _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE")
                          if "OMPI_COMM_WORLD_LOCAL_SIZE" in environ else size,
                          coordinator=f"{match.group(2)}:{jax_port(job)}" if match else None,
-                         job_id=match.group(1) if match else None),
+                         job_id=match.group(1) if match else None,
+                         # Unset: Open MPI 4's default, a core a rank for 2 ranks or
+                         # fewer, a package each beyond.
+                         cpu_binding=environ.get("OMPI_MCA_hwloc_base_binding_policy",
+                                                 "Open MPI's default")),
                   "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE")
 
 
@@ -222,7 +229,7 @@ def _slurm(environ) -> Optional[Launch]:
                          coordinator=(f"{hosts[0]}:{jax_port(_int(environ, 'SLURM_JOB_ID'))}"
                                       if hosts else None),
                          job_id=job_id, hosts=hosts, run_id=_slurm_run_id(environ),
-                         **array),
+                         cpu_binding=environ.get("SLURM_CPU_BIND"), **array),
                   "SLURM_PROCID and SLURM_STEP_NUM_TASKS")
 
 

@@ -27,7 +27,7 @@ from typing import Optional
 
 from tf_tput.errors import UsageError
 from tf_tput.records import provenance
-from tf_tput.runtime import topology as topology_lib
+from tf_tput.runtime import cpus, topology as topology_lib
 from tf_tput.runtime.topology import Topology
 
 
@@ -42,14 +42,6 @@ def loopback_interface() -> Optional[str]:
     if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
       return name
   return None
-
-
-def host_cores() -> int:
-  """The cores this process may run on."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    return os.cpu_count() or 1
 
 
 # A collective's limit, once the group has formed: torch's default for gloo. A step
@@ -208,7 +200,7 @@ class TorchRuntime:
     else:
       device, platform, kind = "cpu", "cpu", provenance.cpu_model()
       if launch.local_num_processes > 1:  # the processes share this host's cores
-        torch.set_num_threads(max(1, host_cores() // launch.local_num_processes))
+        torch.set_num_threads(max(1, len(cpus.allowed()) // launch.local_num_processes))
     nodes = [provenance.this_node()]
     if num_processes > 1:
       join_processes(dist, launch, "nccl" if cuda else "gloo", cluster_timeout_s)
@@ -257,7 +249,7 @@ class TorchRuntime:
     def run():
       threads = torch.get_num_threads()
       if device == "cpu":  # the other processes wait at the barrier: every core is free
-        torch.set_num_threads(host_cores())
+        torch.set_num_threads(len(cpus.allowed()))
       try:
         corner = matmul(a, a)[0, 0]  # the whole product is computed
         peak.check_matmul_corner(corner.item(), n, where)  # reading a value waits

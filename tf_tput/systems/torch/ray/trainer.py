@@ -108,9 +108,8 @@ class RayTrainer:
   def __init__(self, experiment, topology, replica: str = REPLICA,
                options: Optional[dict] = None):
     import ray
-    from tf_tput.systems.torch import runtime as torch_runtime
     from tf_tput.systems.torch.ray import cluster as ray_cluster
-    from tf_tput.runtime import host_memory
+    from tf_tput.runtime import cpus, host_memory
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     self._ray = ray
     self._cluster = topology.handles["cluster"]
@@ -126,7 +125,7 @@ class RayTrainer:
         flag="--cluster_timeout_s")
     # The actors share this host's cores evenly, as launched torch processes do. In a
     # joined cluster that is the driver's host's count, which assumes nodes like it.
-    threads = max(1, torch_runtime.host_cores() // count) if not gpu else 1
+    threads = max(1, len(cpus.allowed()) // count) if not gpu else 1
     bundle = {"CPU": 1, **({"GPU": 1} if gpu else {})}
     actor = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)(TrainerActor)
     try:
