@@ -6,6 +6,7 @@ import struct
 
 from cli_helpers import error_lines, run_cli
 from record_fixtures import micro_record, train_record
+from tf_tput.report import compare
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -92,21 +93,43 @@ def test_console_table_without_out(tmp_path):
   assert not list(tmp_path.glob("*.png"))
 
 
+def _repeated(model, rates, prefix) -> list:
+  return [train_record(model, tokens_per_sec=rate, step_s=(0.95, 1.0, 1.05),
+                       run_id=f"{prefix}{model}{i}") for i, rate in enumerate(rates)]
+
+
 def test_compare_gives_a_noise_aware_verdict(tmp_path):
   old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
-  _write(old, [train_record("t5_tiny", tokens_per_sec=2048.0, step_s=(0.9, 1.0, 1.1)),
-               train_record("t5_small", tokens_per_sec=2048.0, step_s=(0.9, 1.0, 1.1))])
-  _write(new, [train_record("t5_tiny", tokens_per_sec=4096.0, step_s=(0.45, 0.5, 0.55)),
-               train_record("t5_small", tokens_per_sec=2150.0, step_s=(0.85, 0.95, 1.05))])
+  # compare.MIN_RUNS (4) runs a side, +-20-30% apart from run to run: t5_tiny got 1.5x faster, t5_small
+  # did not change.
+  _write(old, _repeated("t5_tiny", (850, 1100, 950, 1200), "o")
+         + _repeated("t5_small", (750, 1200, 900, 1300), "o"))
+  _write(new, _repeated("t5_tiny", (1275, 1800, 1425, 1650), "n")
+         + _repeated("t5_small", (1250, 800, 1050, 700), "n"))
   proc = run_cli("tf_tput.report", f"--compare={old}", f"--against={new}")
   assert proc.returncode == 0, proc.stderr
   # Per configuration a tokens/s line, then its startup line (judged apart).
   lines = {line.split()[0]: line for line in proc.stdout.splitlines()[1:]
            if "tokens/s" in line}
-  assert "2.00x" in lines["t5_tiny"] and "faster (beyond the spread)" in lines["t5_tiny"]
-  assert "1.05x" in lines["t5_small"] and "within noise" in lines["t5_small"]
+  assert "1.50x" in lines["t5_tiny"] and "faster (every new run above" in lines["t5_tiny"]
+  assert "within noise" in lines["t5_small"]
   startup = [line for line in proc.stdout.splitlines() if "  startup s  " in line]
   assert len(startup) == 2 and all("startup within noise" in line for line in startup)
+  assert proc.stdout.splitlines()[-1] == compare.legend()
+
+
+def test_compare_of_files_sharing_nothing_lists_both(tmp_path):
+  old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+  _write(old, [train_record("t5_tiny", run_id="a")])
+  _write(new, [train_record("t5_small", run_id="b")])
+  proc = run_cli("tf_tput.report", f"--compare={old}", f"--against={new}")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+      "no configuration has ok records in both files",
+      "only in --compare (no ok record in --against): t5_tiny mtf float32 mesh "
+      "batch:2;model:2 (4 dev, 1 proc, local) batch 8 len 128/128",
+      "only in --against (no ok record in --compare): t5_small mtf float32 mesh "
+      "batch:2;model:2 (4 dev, 1 proc, local) batch 8 len 128/128"]
 
 
 def test_bad_report_input_is_one_error_line(tmp_path):
