@@ -51,3 +51,4 @@ def run_entry_point(body, argv) -> int:
   except UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+

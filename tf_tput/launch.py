@@ -1,4 +1,4 @@
-"""Starts a local cluster on loopback, runs a command in it, and stops every process.
+r"""Starts a local cluster on loopback, runs a command in it, and stops every process.
 
 Processes (N copies of the command; systems with multi_process, e.g. jax):
 
@@ -61,10 +61,9 @@ after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
 import contextlib
 import sys
 
-from absl import app
 from absl import flags
 
-from tf_tput import systems
+from tf_tput import entry, systems
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands, processes
 
@@ -236,4 +235,4 @@ def _workers_in_islands(system, command) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

@@ -1,6 +1,6 @@
-"""What the shared measured loop costs: its tokens/s vs a bare loop of the same steps.
+r"""What the shared measured loop costs: its tokens/s vs a bare loop of the same steps.
 
-    python -m tf_tput.overhead --systems=mtf,jax --gin_file=t5_tiny \\
+    python -m tf_tput.overhead --systems=mtf,jax --gin_file=t5_tiny \
         --steps=50 --rounds=5
 
 Each system's trainer is built once on 1 device and its batches are built before
@@ -17,10 +17,9 @@ import itertools
 import statistics
 import time
 
-from absl import app
 from absl import flags
 
-from tf_tput import config, data, errors, systems
+from tf_tput import config, data, entry, errors, systems
 from tf_tput.measure import loop, metrics
 from tf_tput.errors import UsageError
 
@@ -129,4 +128,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

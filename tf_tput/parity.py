@@ -1,4 +1,4 @@
-"""Same weights, same batches, several trainers: a per-step loss table.
+r"""Same weights, same batches, several trainers: a per-step loss table.
 
     python -m tf_tput.parity --gin_file=gin/models/t5_tiny.gin \
         [--mesh=gin/mesh/data2_model2.gin | --mesh='batch:2;model:2'] [--steps=10]
@@ -16,10 +16,9 @@ they do not train the same function and their throughputs are not comparable.
 
 import sys
 
-from absl import app
 from absl import flags
 
-from tf_tput import config, data, errors, systems
+from tf_tput import config, data, entry, errors, systems
 from tf_tput.errors import UsageError
 
 UNPIPELINED = ":unpipelined"
@@ -46,18 +45,18 @@ def parse_sides(entries, experiment) -> list:
     raise UsageError(f"--systems={','.join(entries)} names one trainer; compare at least "
                      "two, e.g. --systems=mtf,jax")
   sides = []
-  for entry in entries:
-    name, _, variant = entry.partition(":")
+  for asked in entries:
+    name, _, variant = asked.partition(":")
     systems.check_name(name)
     if variant and f":{variant}" != UNPIPELINED:
-      raise UsageError(f"--systems entry {entry!r}: {variant!r} is not a variant; write "
+      raise UsageError(f"--systems entry {asked!r}: {variant!r} is not a variant; write "
                        f"{name} or {name}{UNPIPELINED}")
     if variant and not experiment.pipelined:
-      raise UsageError(f"--systems entry {entry!r}: the config has no pipeline; add a "
+      raise UsageError(f"--systems entry {asked!r}: the config has no pipeline; add a "
                        "gin/pipeline/ file or drop the suffix")
     chosen = config.unpipelined(experiment) if variant else experiment
     systems.check_experiment(name, chosen)
-    sides.append((entry, name, chosen))
+    sides.append((asked, name, chosen))
   if len(set(entries)) < len(entries):
     raise UsageError(f"--systems={','.join(entries)} names a trainer twice")
   return sides
@@ -112,7 +111,7 @@ def _experiment():
       files.append(FLAGS.mesh)
     else:
       bindings.append(f"MeshConfig.mesh_shape = {FLAGS.mesh!r}")
-  names = [entry.partition(":")[0] for entry in FLAGS.systems]
+  names = [asked.partition(":")[0] for asked in FLAGS.systems]
   experiment = config.load_experiment(files, bindings, systems.options(*names))
   num_devices = FLAGS.num_cpu_devices or experiment.num_devices
   config.validate(experiment, num_devices=num_devices)
@@ -158,4 +157,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

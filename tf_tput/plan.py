@@ -1,4 +1,4 @@
-"""Parameters, FLOPs per token and training-state bytes per device of any config.
+r"""Parameters, FLOPs per token and training-state bytes per device of any config.
 
     python -m tf_tput.plan --gin_file=decoder_136b --gin_file=data2_model2 [--format=json]
     python -m tf_tput.plan --gin_file=decoder_3b --gin_file=data8 --gin_file=s16_m64 \
@@ -13,9 +13,12 @@ bytes per device.
 With --islands=K, Pathways §5.3's projection (tf_tput/dcn.py): the bytes each step's
 gradient reduction sends between islands, their time over the DCN, the backward
 compute they can hide behind, what stays exposed and the projected fraction of
-single-island throughput, beside the paper's figures:
+single-island throughput, beside the paper's figures; bytes per device and per island
+are those of the K x --devices_per_island devices' mesh (a config mesh of another
+size has its batch axis scaled to it, and the plan says so):
 
-    python -m tf_tput.plan --gin_file=decoder_64b --islands=2 \
+    python -m tf_tput.plan --gin_file=decoder_64b --gin_file=data64_model16 \
+        --gin_param='TrainConfig.global_batch = 1024' --islands=2 \
         --devices_per_island=512 [--calibrate_from=results/islands_local.jsonl]
 
 No graph is built and no framework is imported: the numbers come from
@@ -24,11 +27,11 @@ tf_tput.models, the same arithmetic the result records use.
 
 import json
 import math
+import re
 
-from absl import app
 from absl import flags
 
-from tf_tput import config, dcn, errors, models, pipeline
+from tf_tput import GIN_DIR, config, dcn, entry, errors, models, pipeline
 from tf_tput.errors import UsageError
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
@@ -36,6 +39,7 @@ from tf_tput.runtime import islands
 from tf_tput.report import published
 
 FLAGS = flags.FLAGS
+_MESH_BINDING = re.compile(r"^MeshConfig\.mesh_shape\s*=\s*['\"]([^'\"]*)['\"]", re.M)
 flags.DEFINE_multi_string("gin_file", [], "Gin file (repeatable): a model, a mesh, ... "
                           "(a file name such as t5_small, or a path).")
 flags.DEFINE_multi_string("gin_param", [], "Gin binding (repeatable).")
@@ -87,21 +91,61 @@ def _gib(n: int) -> str:
 
 
 def format_text(p: dict) -> str:
-  b = p["bytes_per_device"]
   return "\n".join([
       f"model                  {p['model']} ({p['arch']})",
       f"parameters             {p['num_params']:,}",
       f"mesh                   {p['mesh_shape']}"
       + (f" per stage x {p['pipeline_stages']} stages" if p["schedule"] else "")
       + f" ({p['num_devices']} devices), layout {p['layout']}",
+      *_assumed_mesh_lines(p),
       f"batch x lengths        {p['global_batch']} x (inputs {p['inputs_length']}, "
       f"targets {p['targets_length']}) = {p['tokens_per_step']:,} tokens/step",
       f"model FLOPs per token  {p['model_flops_per_token']:.4g} (3 x forward matmuls)",
+      *(_stage_lines(p) if p["schedule"] else _device_lines(p["stages"][0])),
+  ])
+
+
+def _assumed_mesh_lines(p: dict) -> list:
+  a = p.get("assumed_mesh")
+  if not a:
+    return []
+  per_stage = " per stage" if p["schedule"] else ""
+  group = config.parse_mesh_shape(p["mesh_shape"])
+  files = mesh_files(config.mesh_size(group), besides=group)
+  return [f"{'':23}assumed: {a['islands']} islands x {a['devices_per_island']} devices "
+          f"on the config's mesh {a['config_mesh_shape']}{per_stage}, its batch axis "
+          f"scaled to fill them; a mesh file of {config.mesh_size(group)} devices"
+          f"{per_stage} (" + (", ".join(files) or "gin/mesh/") + ") splits them otherwise"]
+
+
+def mesh_files(devices: int, besides: dict) -> list:
+  """The names of gin/mesh's files whose mesh has this many devices, other than
+  `besides`."""
+  found = []
+  for path in sorted((GIN_DIR / "mesh").glob("*.gin")):
+    bound = _MESH_BINDING.search(path.read_text())
+    shape = bound and config.parse_mesh_shape(bound.group(1))
+    if shape and shape != besides and config.mesh_size(shape) == devices:
+      found.append(path.stem)
+  return found
+
+
+def _device_lines(s: dict) -> list:
+  """Without a pipeline: the one group of devices' bytes, each device's."""
+  return [f"bytes per device       params {_gib(s['param_bytes'])} + Adafactor "
+          f"{_gib(s['optimizer_bytes'])} + activations* {_gib(s['activation_bytes'])} "
+          f"= {_gib(s['total_bytes'])} (float32 state)",
+          "* activations: an estimate (tf_tput.pipeline.activation_bytes)"]
+
+
+def _stage_lines(p: dict) -> list:
+  b = p["bytes_per_device"]
+  return [
       f"bytes per device       params {_gib(b['params'])} + Adafactor "
       f"{_gib(b['optimizer'])} = {_gib(b['total'])} (float32 state, no activations, "
       "unpipelined)",
-      f"pipeline               {p['pipeline_stages']} stage(s) x {p['micro_batches']} "
-      f"micro-batch(es), {p['schedule'] or 'none'}; bubble (S-1)/(M+S-1) = "
+      f"pipeline               {p['pipeline_stages']} stages x {p['micro_batches']} "
+      f"micro-batches, {p['schedule']}; bubble (S-1)/(M+S-1) = "
       f"{p['bubble_fraction']:.3f}",
       "per stage, per device  stage  layers    params           params      Adafactor"
       "    activations*         total",
@@ -111,7 +155,7 @@ def format_text(p: dict) -> str:
         for s in p["stages"]),
       "* activations: an estimate (tf_tput.pipeline.activation_bytes); the shared "
       "embedding counts on the first stage and, as the softmax's copy, on the last",
-  ])
+  ]
 
 
 def _assumptions(experiment) -> tuple:
@@ -144,6 +188,78 @@ def _assumptions(experiment) -> tuple:
                                      FLAGS.overlap, peak, FLAGS.mfu), source
 
 
+def island_mesh(experiment, num_islands: int, per_island: int):
+  """The mesh_shape (a stage's, with a pipeline) that spreads the config's mesh over
+  the islands' devices: the batch axis, first, scaled; the other axes kept, since how
+  far the model splits is the mesh file's choice. None where the mesh has them."""
+  devices = num_islands * per_island
+  if experiment.num_devices == devices:
+    return None
+  axis = experiment.layout.get("batch", "batch")
+  others = {a: n for a, n in experiment.mesh_shape.items() if a != axis}
+  split = config.mesh_size(others) * experiment.pipeline.stages
+  if devices % split:
+    raise UsageError(f"--devices_per_island={per_island}: {num_islands} x {per_island} "
+                     f"devices are not a multiple of the {split} that mesh_shape "
+                     f"{experiment.mesh.mesh_shape!r}'s other axes"
+                     + (" and stages" if experiment.pipelined else "")
+                     + f" take; pass a mesh file of {devices} devices (gin/mesh/)")
+  return ";".join(f"{a}:{n}" for a, n in {axis: devices // split, **others}.items())
+
+
+def island_experiment(experiment, gin_files, gin_params: list, num_islands: int,
+                      per_island: int):
+  """(the experiment on the devices the projection counts, its gin params, what was
+  assumed or None): per-device bytes are those of that mesh, not the config's."""
+  if experiment.pipelined:  # S/K stages an island, whatever the mesh: say that first
+    islands.check_mesh(experiment, num_islands, ("pipeline",))
+  shape = island_mesh(experiment, num_islands, per_island)
+  if shape is None:
+    return experiment, gin_params, None
+  scaled = list(gin_params) + [f"MeshConfig.mesh_shape = '{shape}'"]
+  try:
+    projected = config.load_experiment(gin_files, scaled)
+  except UsageError as e:
+    raise UsageError(f"--devices_per_island={per_island}: the config's mesh "
+                     f"{experiment.mesh.mesh_shape!r} scaled to {shape!r}: {e}; or pass a "
+                     f"mesh file of {num_islands * per_island} devices (gin/mesh/)") from None
+  return projected, scaled, {"config_mesh_shape": experiment.mesh.mesh_shape,
+                             "islands": num_islands, "devices_per_island": per_island}
+
+
+def island_bytes(p: dict, num_islands: int) -> list:
+  """Per island, what its devices hold (parameters, Adafactor slots, activations*), in
+  all and on its fullest device: data parallel, a block of the one group's devices;
+  with a pipeline, S/K whole stages."""
+  S, rows = p["pipeline_stages"], p["stages"]
+  devices = p["num_devices"] // num_islands
+  if S == 1:
+    held = [(rows, devices)] * num_islands
+  else:
+    k = S // num_islands
+    held = [(rows[i * k:(i + 1) * k], p["num_devices"] // S) for i in range(num_islands)]
+  return [{"island": i, "devices": devices, "stages": [r["stage"] for r in held_rows],
+           "bytes": per_stage * sum(r["total_bytes"] for r in held_rows),
+           "device_bytes": max(r["total_bytes"] for r in held_rows)}
+          for i, (held_rows, per_stage) in enumerate(held)]
+
+
+def _island_bytes_lines(d: dict) -> list:
+  rows = d["per_island"]
+  if all(r["stages"] == [0] for r in rows):  # data parallel: every island alike
+    r = rows[0]
+    return [f"per island             {r['devices']} devices: {_gib(r['bytes'])} of "
+            f"parameters, Adafactor and activations* in all, {_gib(r['device_bytes'])} "
+            "on each device (as above)"]
+  return [f"{'per island' if r['island'] == 0 else '':23}island {r['island']}: "
+          f"{r['devices']} devices, stage{_span(r['stages'])}: {_gib(r['bytes'])} in all, "
+          f"at most {_gib(r['device_bytes'])} per device" for r in rows]
+
+
+def _span(stages: list) -> str:
+  return f" {stages[0]}" if len(stages) == 1 else f"s {stages[0]}-{stages[-1]}"
+
+
 def format_islands(d: dict, model: str, source: str) -> str:
   a = d["assumptions"]
   pub = published.MULTI_ISLAND.get(model)
@@ -151,6 +267,7 @@ def format_islands(d: dict, model: str, source: str) -> str:
       f"islands                {d['islands']} x {d['devices_per_island']} devices, "
       f"{a['hosts_per_island']} hosts each at {a['gbps_per_host']:g} Gbit/s, link "
       f"efficiency {a['link_efficiency']:.2f} ({source})",
+      *_island_bytes_lines(d),
       f"bytes per reduction    {d['bytes_per_reduction'] / 1e9:,.1f} GB over all links "
       f"(2(K-1) float32 gradients of {d['gradient_bytes'] / 1e9:,.1f} GB), "
       f"{d['bytes_sent_per_island'] / 1e9:,.1f} GB sent per island",
@@ -180,6 +297,7 @@ def format_pipeline_islands(d: dict, model: str, source: str) -> str:
       f"{d['stages'] // d['islands']} of {d['stages']} stages each, "
       f"{a['hosts_per_island']} hosts per island at {a['gbps_per_host']:g} Gbit/s, link "
       f"efficiency {a['link_efficiency']:.2f} ({source})",
+      *_island_bytes_lines(d),
       f"bytes per step         {d['bytes_per_step'] / 1e9:,.2f} GB over all links: "
       f"{d['boundaries_on_links']} stage boundaries x 2 x {d['micro_batches']} "
       f"micro-batches of {d['micro_batch_bytes'] / 1e6:,.1f} MB, and the shared "
@@ -221,32 +339,52 @@ def largest_fitting(gin_files, gin_params, memory_bytes: float):
     fitting = larger
 
 
+def _fit(experiment, gin_params: list):
+  """(the experiment at the largest global batch that fits, its text line, its JSON
+  field), or the experiment as it is without --fit_memory_gib."""
+  if FLAGS.fit_memory_gib is None:
+    return experiment, None, None
+  if not 0 < FLAGS.fit_memory_gib < math.inf:  # NaN too; inf would never stop doubling
+    raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB) "
+                     "and finite")
+  experiment, next_bytes = largest_fitting(FLAGS.gin_file, gin_params,
+                                           FLAGS.fit_memory_gib * 2**30)
+  line = (f"fits {FLAGS.fit_memory_gib:g} GiB   global batch "
+          f"{experiment.train.global_batch} (twice that needs {_gib(next_bytes)} "
+          "per device)")
+  return experiment, line, {"memory_gib": FLAGS.fit_memory_gib,
+                            "next_batch_bytes": next_bytes}
+
+
+def _project(experiment, p: dict, assumptions) -> dict:
+  if experiment.pipelined:  # island_experiment checked its stages
+    d = dcn.project_pipeline(experiment, FLAGS.islands, p["num_devices"] // FLAGS.islands,
+                             assumptions)
+  else:
+    islands.check_mesh(experiment, FLAGS.islands, ("data", "model"))
+    d = dcn.project(experiment, FLAGS.islands, p["num_devices"] // FLAGS.islands,
+                    assumptions)
+  return {**d, "per_island": island_bytes(p, FLAGS.islands)}
+
+
 def run() -> int:
-  experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param)
-  fit_line = None
-  if FLAGS.fit_memory_gib is not None:
-    if not 0 < FLAGS.fit_memory_gib < math.inf:  # NaN too; inf would never stop doubling
-      raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB) "
-                       "and finite")
-    experiment, next_bytes = largest_fitting(FLAGS.gin_file, FLAGS.gin_param,
-                                             FLAGS.fit_memory_gib * 2**30)
-    fit_line = (f"fits {FLAGS.fit_memory_gib:g} GiB   global batch "
-                f"{experiment.train.global_batch} (twice that needs {_gib(next_bytes)} "
-                "per device)")
-  p = plan(experiment)
-  if fit_line:
-    p["fit"] = {"memory_gib": FLAGS.fit_memory_gib, "next_batch_bytes": next_bytes}
-  source = None
+  if FLAGS.islands < 1:
+    raise UsageError(f"--islands={FLAGS.islands}; it must be >= 1")
+  gin_params = list(FLAGS.gin_param)
+  experiment = config.load_experiment(FLAGS.gin_file, gin_params)
+  assumed = source = None
   if FLAGS.islands > 1:
     per_island, assumptions, source = _assumptions(experiment)
-    if experiment.pipelined:
-      islands.check_mesh(experiment, FLAGS.islands, ("pipeline",))
-      p["islands"] = dcn.project_pipeline(experiment, FLAGS.islands, per_island,
-                                          assumptions)
-    else:
-      p["islands"] = dcn.project(experiment, FLAGS.islands, per_island, assumptions)
-  elif FLAGS.islands < 1:
-    raise UsageError(f"--islands={FLAGS.islands}; it must be >= 1")
+    experiment, gin_params, assumed = island_experiment(
+        experiment, FLAGS.gin_file, gin_params, FLAGS.islands, per_island)
+  experiment, fit_line, fit = _fit(experiment, gin_params)
+  p = plan(experiment)
+  if fit:
+    p["fit"] = fit
+  if assumed:
+    p["assumed_mesh"] = assumed
+  if FLAGS.islands > 1:
+    p["islands"] = _project(experiment, p, assumptions)
   if FLAGS.format == "json":
     print(json.dumps(p))
   else:
@@ -264,4 +402,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

@@ -1,4 +1,4 @@
-"""One training-throughput run -> one result record.
+r"""One training-throughput run -> one result record.
 
     python -m tf_tput.train --gin_file=gin/models/t5_small.gin \
         --gin_file=gin/mesh/data2_model2.gin --system=mtf --num_cpu_devices=4 \
@@ -13,14 +13,13 @@ import os
 import sys
 from typing import Optional
 
-from absl import app
 from absl import flags
 from absl import logging
 
-from tf_tput import config, data, errors, models, pipeline, systems
+from tf_tput import config, data, entry, errors, models, pipeline, systems
 from tf_tput.measure import gemm, loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, keys, provenance, results
-from tf_tput.runtime import host_memory, host_runs, islands, topology as topology_lib
+from tf_tput.runtime import cpus, host_memory, host_runs, islands, topology as topology_lib
 from tf_tput.runtime import watchdog
 from tf_tput.errors import UsageError
 
@@ -208,7 +207,9 @@ def _record(experiment, topology, outcome: Outcome, summary, peak_source, starte
       "flags": {name: FLAGS[name].value for name in OWN_FLAGS},
       "run_key": run_key,
   }, topology.describe(), systems.distributions(), status=status, error=error,
-      run_id=run_id, started_at=started_at, env_fields={"gemm": outcome.gemm})
+      run_id=run_id, started_at=started_at, env_fields={
+          "gemm": outcome.gemm, "cpu_affinity": cpus.as_list(cpus.allowed()),
+          "cpu_binding": topology_lib.launched().cpu_binding})
 
 
 def _launch_fields() -> dict:
@@ -230,6 +231,8 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
   per_device = f"{peak_lib.flops_label(peak)}/device" if peak else None
   mfu_text = (f"MFU {100 * mfu:.1f}% of {per_device} ({source})" if mfu is not None and peak
               else f"MFU n/a ({f'peak {per_device}, ' if peak else ''}{source})")
+  narrowed = cpus.narrowing_note(record["env"]["cpu_affinity"], record["env"]["cpu_count"],
+                                 record["launcher"], record["env"]["cpu_binding"])
   return [
       f"{record['model']} ({record['num_params']:,} params) on {record['system']}: mesh "
       f"{record['mesh_shape']}, {record['num_devices']} device(s), {record['dtype']}, "
@@ -238,7 +241,7 @@ def _summary_lines(record: dict, path: str, line: int) -> list:
       _startup_line(record),
       f"status {record['status']}, final loss {record['final_loss']} | record appended "
       f"to {path}:{line}",
-  ]
+  ] + ([narrowed] if narrowed else [])
 
 
 def _startup_line(record: dict) -> str:
@@ -736,15 +739,5 @@ def main(argv) -> int:
   return errors.run_entry_point(run, argv)
 
 
-def _parse_flags(argv):
-  """absl's parsing, a flag value it cannot parse (--steps=abc) one error line and
-  exit 2, as every other bad request."""
-  try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {' '.join(str(e).split())}; see --helpshort", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  entry.start(main)

@@ -139,6 +139,7 @@ def test_bad_flags_are_one_line_errors(tmp_path):
       (["--hosts=0"], "--hosts=0"),
       (["--crossover", "--crossover_ms=0.3,x"], "--crossover_ms=0.3,x"),
       (["--crossover", "--crossover_ms=0,3"], "--crossover_ms=0,3"),
+      (["--crossover", "--systems=tf,ray"], "has no jax; add it, e.g. --systems=tf,ray,jax"),
   ):
     proc = run_cli("tf_tput.micro", *args, f"--results={tmp_path / 'm.jsonl'}")
     assert proc.returncode == 2 and error_lines(proc.stderr) == [proc.stderr.strip()]

@@ -9,6 +9,8 @@ without starting a framework.
                    support matrix a row per registered system
   docs/models.md   every model file with its parameter count, every mesh and
                    pipeline file
+  docs/suites.md   "Comparing two result files" gives --compare's runs a side and
+                   the odds of a false claim at that count
   links            relative links in README.md and docs/**/*.md point at files (and
                    headings) that exist
 
@@ -40,8 +42,9 @@ ENTRY_POINTS = {
     "tf_tput.overhead": "tf_tput.overhead",
     "tf_tput.micro": "tf_tput.micro.__main__",
 }
-# Modules with flags that users do not run: processes the entry points start.
-INTERNAL_FLAG_MODULES = {"tf_tput.micro.jax_host"}
+# Modules with flags that users do not run: processes the entry points start, and
+# entry.py, whose flags every entry point has (listed under each).
+INTERNAL_FLAG_MODULES = {"tf_tput.micro.jax_host", "tf_tput.entry"}
 
 
 # --- markdown helpers ---------------------------------------------------------------
@@ -277,6 +280,17 @@ def test_models_doc_lists_every_mesh_and_pipeline_file():
                  list(_gin_files(folder)), f"docs/models.md, {heading} vs gin/{folder}")
 
 
+# --- suites -------------------------------------------------------------------------
+
+def test_suites_doc_gives_the_runs_a_comparison_needs():
+  from tf_tput.report import compare
+  text = " ".join(" ".join(_section(DOCS / "suites.md", "Comparing two result files")).split())
+  for claim in (f"at least **{compare.MIN_RUNS} runs a side**",
+                f"with {compare.MIN_RUNS} a side 1 in {compare.false_claim_odds()}",
+                f"a claim needs {compare.MIN_RUNS} a side"):
+    assert claim in text, f"docs/suites.md, Comparing two result files: no '{claim}'"
+
+
 # --- links --------------------------------------------------------------------------
 
 def _markdown_files() -> list:
@@ -324,3 +338,15 @@ if __name__ == "__main__":
     print(f"wrote {FLAGS_DOC.relative_to(REPO)}")
   else:
     sys.exit(f"usage: {REGENERATE}")
+
+
+def test_entry_points_usage_keeps_its_examples_line_continuations():
+  """absl prints an entry point's docstring as its --help: a `\\` at a line's end
+  in a plain string literal joins the lines, so a docstring with one must be raw."""
+  for module in ENTRY_POINTS.values():
+    path = REPO / (module.replace(".", "/") + ".py")
+    source = _read(path)
+    start = re.search(r'^(r?)"""', source, re.M)
+    docstring = source[start.end():source.index('"""', start.end())]
+    if "\\\n" in docstring:
+      assert start.group(1) == "r", f"{path}: make its docstring raw (r\"\"\"...)"

@@ -32,3 +32,4 @@ def test_a_long_cause_keeps_its_end_and_its_type():
 
 def test_a_plain_error_is_its_type_and_message():
   assert errors.cause(ValueError("bad\n  value")) == "ValueError: bad value"
+

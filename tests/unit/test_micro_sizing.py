@@ -121,3 +121,29 @@ def test_the_tf_graph_matmul_term_is_one_for_every_size(n):
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(a.initializer)
       assert session.run(term) == 1
+
+
+
+def _record(system: str, rate):
+  """A crossover run's record: its rate, or (a status) a run that gave none."""
+  ok = isinstance(rate, float)
+  return {"system": system, "status": "ok" if ok else rate,
+          "computations_per_sec": rate if ok else None}
+
+
+def test_the_crossover_says_why_no_duration_reached_jax():
+  def result(tf_small, jax_small, tf_large, jax_large):
+    records = {("tf", 0.3): _record("tf", tf_small), ("jax", 0.3): _record("jax", jax_small),
+               ("tf", 3.0): _record("tf", tf_large), ("jax", 3.0): _record("jax", jax_large)}
+    return micro.crossover_result("tf", [0.3, 3.0], records, 0.95, lambda ms: f"{ms:g} ms")
+
+  assert result(50.0, 100.0, 96.0, 100.0) == "3 ms"
+  # None failed: how near it came, and no word of a failure.
+  assert result(50.0, 100.0, 71.0, 100.0) == (
+      "not reached up to 3 ms: at most 71% of jax's rate, at 3 ms")
+  # A run that gave no rate is named with its duration and status.
+  assert result(50.0, 100.0, "failed", 100.0) == (
+      "not reached up to 0.3 ms: at most 50% of jax's rate, at 0.3 ms; no rate at 3 ms "
+      "(tf failed)")
+  assert result("skipped", "failed", "skipped", 100.0) == (
+      "not measured; no rate at 0.3 ms (tf skipped, jax failed), 3 ms (tf skipped)")

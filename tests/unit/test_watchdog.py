@@ -45,3 +45,32 @@ def test_a_signal_after_the_launcher_names_a_failed_peer_ends_the_run_as_that_fa
   assert (ending.status, ending.signal, ending.exit_code) == ("failed", None, 1)
   assert ending.error == ("step 2: process 1 (pid 7) was killed by signal 9, and "
                           "tf_tput.launch stopped this process (SIGTERM, stage train)")
+
+
+def test_a_run_that_does_not_stop_in_time_is_said_to_wait_on_a_peer_only_with_peers():
+  build = watchdog.why_stuck("build", 1)
+  assert build == (" (it did not stop within 3 s: building the trainer, in the "
+                   "framework's graph construction or compilation, which returns to "
+                   "Python only when done)")
+  assert watchdog.why_stuck("build", 4) == build  # a build waits on no peer
+  for stage in ("devices", "train", "trace", "peak probe", "start"):
+    assert "peer" not in watchdog.why_stuck(stage, 1), stage
+  assert "collective whose peer has gone" in watchdog.why_stuck("train", 2)
+  assert "other processes" in watchdog.why_stuck("devices", 2)
+  assert watchdog.why_stuck("peak probe", 1).endswith(
+      "in its peak probe, a call that has not returned to Python)")
+
+
+def test_a_stuck_run_is_recorded_with_its_stage_and_process_count():
+  def stuck(stage, num_processes):
+    guard = watchdog.Watchdog(lambda ending, from_thread: 0, None, num_processes=num_processes,
+                              progress=lambda: (loop.Measurement(), stage))
+    guard.signum = signal.SIGINT
+    return guard._stuck_interrupt().error
+
+  assert stuck("build", 1) == (
+      "SIGINT in its build, before any step (it did not stop within 3 s: building the "
+      "trainer, in the framework's graph construction or compilation, which returns "
+      "to Python only when done)")
+  assert stuck("train", 2).endswith("blocked in a step, e.g. in a collective whose peer "
+                                    "has gone)")

@@ -80,5 +80,31 @@ def check(value, expected: int, where: str) -> None:
                      "the chain did not compute what it should")
 
 
+def crossover_result(system: str, durations: list, records: dict, fraction: float,
+                     sized) -> str:
+  """Fig. 6's verdict for one system at one host count: the smallest duration whose
+  opbyop rate reaches `fraction` of JAX's; else how near it came. Either way, the
+  durations where a run (the system's or JAX's) gave no rate, naming its status.
+  records: (system, ms) -> record; sized(ms): how a duration is written."""
+  shares, missing = {}, []
+  for ms in durations:
+    pair = (records[(system, ms)], records[("jax", ms)])
+    unmeasured = [f"{r['system']} {r['status']}" for r in pair if not r["computations_per_sec"]]
+    if unmeasured:
+      missing.append(f"{ms:g} ms ({', '.join(unmeasured)})")
+    else:
+      shares[ms] = pair[0]["computations_per_sec"] / pair[1]["computations_per_sec"]
+  reached = [ms for ms, share in shares.items() if share >= fraction]
+  if reached:
+    verdict = sized(min(reached))
+  elif shares:
+    nearest = max(shares, key=shares.get)
+    verdict = (f"not reached up to {sized(max(shares))}: at most {shares[nearest]:.0%} "
+               f"of jax's rate, at {nearest:g} ms")
+  else:
+    verdict = "not measured"
+  return verdict + (f"; no rate at {', '.join(missing)}" if missing else "")
+
+
 def system_module(name: str):
   return importlib.import_module(SYSTEMS[name])

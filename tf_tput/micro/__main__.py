@@ -1,4 +1,4 @@
-"""Dispatch micro-benchmarks (Pathways Fig. 5 / 6) -> micro records and a table.
+r"""Dispatch micro-benchmarks (Pathways Fig. 5 / 6) -> micro records and a table.
 
     python -m tf_tput.micro --systems=tf,jax,ray --modes=opbyop,chained,fused \
         --hosts=1,2,4 --devices_per_host=2 --results=results/micro.jsonl [--crossover]
@@ -17,14 +17,13 @@ Where none can be made, --systems with tf is refused in one line unless
 
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
 from tf_tput import micro, systems
 from tf_tput.micro import sizing
 from tf_tput.records import build, keys, provenance, results
-from tf_tput import errors
+from tf_tput import entry, errors
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands
 
@@ -42,7 +41,9 @@ flags.DEFINE_float("timeout_s", 600, "Limit for one system x mode x hosts run, i
 flags.DEFINE_string("results", "results/micro.jsonl", "JSON-lines file for the records.")
 flags.DEFINE_bool("crossover", False, "Fig. 6: also find, per host count, the smallest "
                   "computation at which each single-controller system reaches "
-                  "--crossover_fraction of JAX's computations/s (opbyop).")
+                  "--crossover_fraction of JAX's computations/s (opbyop). Slow: a run "
+                  "per system and --crossover_ms duration, per host count (8.5 min at "
+                  "--hosts=1 on a 2-core EPYC; docs/micro.md).")
 flags.DEFINE_list("crossover_ms", ["0.1", "0.3", "1", "3", "10", "30"], "Computation "
                   "durations (ms of one n x n float32 matmul) tried by --crossover.")
 flags.DEFINE_float("crossover_fraction", 0.95, "Fraction of JAX's rate to reach.")
@@ -157,20 +158,16 @@ def crossover(hosts_list, durations: list, base: dict) -> list:
            f"{sizing.CALIBRATION_RUNS} runs of >= {sizing.CALIBRATION_MIN_S * 1e3:g} ms): "
            + ", ".join(map(sized, durations))]
   for hosts in hosts_list:
-    rates = {}
+    records = {}
     for ms in durations:
       computations = max(8, round(FLAGS.crossover_repeat_s * 1e3 / ms))
       for system in FLAGS.systems:
         spec = micro.Spec(system, "opbyop", hosts, matmul_n=sizes[ms],
                           computations=computations, chain_length=1, repeats=3, **base)
-        rates[(system, ms)] = measure(spec, ms, measured[ms])["computations_per_sec"]
+        records[(system, ms)] = measure(spec, ms, measured[ms])
     for system in (s for s in FLAGS.systems if s != "jax"):
-      found = [ms for ms in durations
-               if rates.get((system, ms)) and rates.get(("jax", ms))
-               and rates[(system, ms)] >= FLAGS.crossover_fraction * rates[("jax", ms)]]
-      lines.append(f"crossover {system} vs jax, {hosts} host(s): "
-                   + (sized(min(found)) if found else
-                      f"not reached up to {sized(durations[-1])} (or a run failed)"))
+      lines.append(f"crossover {system} vs jax, {hosts} host(s): " + micro.crossover_result(
+          system, durations, records, FLAGS.crossover_fraction, sized))
   return lines
 
 
@@ -210,6 +207,10 @@ def _validated_args():
   if not 0 < FLAGS.timeout_s <= 1e6:  # NaN too
     raise UsageError(f"--timeout_s={FLAGS.timeout_s}; it must be > 0 (seconds) and at "
                      "most 1e6")
+  if FLAGS.crossover and "jax" not in FLAGS.systems:
+    raise UsageError(f"--crossover compares each system's rate with jax's, but "
+                     f"--systems={','.join(FLAGS.systems)} has no jax; add it, e.g. "
+                     f"--systems={','.join(FLAGS.systems + ['jax'])}")
   if FLAGS.computations % FLAGS.chain_length:
     raise UsageError(f"--computations={FLAGS.computations} is not a multiple of "
                      f"--chain_length={FLAGS.chain_length}; e.g. --computations="
@@ -273,4 +274,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

@@ -10,10 +10,9 @@ the reference the harness is compared with.
 import json
 import time
 
-from absl import app
 from absl import flags
 
-from tf_tput import micro
+from tf_tput import entry, micro
 from tf_tput.systems.jax import runtime as jax_runtime
 
 FLAGS = flags.FLAGS
@@ -98,4 +97,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

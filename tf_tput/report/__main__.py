@@ -13,10 +13,9 @@ import csv
 import os
 import sys
 
-from absl import app
 from absl import flags
 
-from tf_tput import errors
+from tf_tput import entry, errors
 from tf_tput.records import results
 from tf_tput.errors import UsageError
 from tf_tput.report import compare as compare_lib
@@ -100,16 +99,12 @@ def _compare() -> int:
   old = _read([FLAGS.compare], "--compare")
   new = _read([FLAGS.against], "--against")
   header, rows, notes = compare_lib.compare(old[0] + old[1], new[0] + new[1])
-  if not rows:
-    raise UsageError(f"{FLAGS.compare} and {FLAGS.against} share no configuration with "
-                     "ok records; compare files of the same suite or benchmark")
-  print(console.aligned(header, rows))
+  # Files that share nothing still answer the question: which configurations each has.
+  print(console.aligned(header, rows) if rows else compare_lib.NONE_SHARED)
   for note in notes:
     print(note)
-  print("verdict: faster / slower only when the new spread lies wholly above / below "
-        "the old one (spread: every run's p10-p90 step rate and tokens/s; "
-        "micro: the repeats' range; startup s, build + warmup: the runs' range "
-        f"+-{compare_lib.STARTUP_SPREAD:.0%})")
+  if rows:
+    print(compare_lib.legend())
   return 0
 
 
@@ -134,4 +129,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)

@@ -2,7 +2,8 @@
 tables of report.md, and the rows of results.csv.
 
 The spread of a system's tokens/s on one configuration is defined once, in
-tokens_band, and used by every table, plot and comparison.
+tokens_band, and used by every table and plot (--compare judges the runs' own
+tokens/s instead: compare.py says why).
 """
 
 import collections
@@ -14,6 +15,7 @@ from tf_tput import micro, systems
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
 from tf_tput.report import published
+from tf_tput.runtime import cpus
 
 BASELINE_SYSTEM = systems.DEFAULT  # the paper's TF baseline: ratios divide by it
 COLUMNS = ("model", "system", "dtype", "mesh", "dev", "proc", "tokens/s",
@@ -128,7 +130,7 @@ def _row(r: dict, baselines: dict, peaks: dict) -> tuple:
           "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%", _mfu_at_best(r, peaks),
           startup_cell(r.get("build_s"), r.get("warmup_s"), r.get("compilation_cache")),
           "-" if r["final_loss"] is None else f"{r['final_loss']:.3f}",
-          sharing(r) or "")
+          host_cell(r))
 
 
 def format_table(records: list) -> str:
@@ -196,11 +198,32 @@ def sharing(r: dict):
   return "packed" if r.get("packed") else "shared"
 
 
+def cpus_note(r: dict):
+  """runtime/cpus.py's line where the recording process ran on fewer CPUs than its
+  host has (a launcher's binding); None where it had them all, or the record is older
+  than env.cpu_affinity."""
+  env = r.get("env", {})
+  if "cpu_affinity" not in env:
+    return None
+  return cpus.narrowing_note(env["cpu_affinity"], env["cpu_count"], r.get("launcher"),
+                             env.get("cpu_binding"))
+
+
+def host_cell(r: dict) -> str:
+  """The host column: shared or packed, and the CPUs where a launcher narrowed them."""
+  env = r.get("env", {})
+  narrowed = (f"{cpus.count(env['cpu_affinity'])} of {env['cpu_count']} CPUs"
+              if cpus_note(r) else None)
+  return ", ".join(filter(None, (sharing(r), narrowed)))
+
+
 def sharing_notes(ok: list) -> list:
-  """A footnote per mark the ok runs carry, naming the runs."""
+  """A footnote per mark the ok runs carry, naming the runs, and the line of each run
+  whose CPUs were narrowed."""
   marked = group([r for r in ok if sharing(r)], sharing)
   return [f"{mark}: {note} (run(s) {', '.join(r['run_id'] for r in marked[mark])})."
-          for mark, note in SHARING_NOTES.items() if mark in marked]
+          for mark, note in SHARING_NOTES.items() if mark in marked] + [
+              f"run {r['run_id']}: {cpus_note(r)}." for r in ok if cpus_note(r)]
 
 
 ARRAYS_HEADING = "Slurm job arrays"
@@ -303,12 +326,6 @@ def tokens_band(ok_runs: list) -> tuple:
   bands = [step_rate_band(r) for r in ok_runs]
   return (statistics.median(rates), min(rates + [b[0] for b in bands]),
           max(rates + [b[1] for b in bands]))
-
-
-def samples(ok_runs: list) -> int:
-  """Measurements behind a band: measured steps (train) or timed repeats (micro)."""
-  return sum(r["steps"] if r["schema"] == results.SCHEMA else len(r["repeats"])
-             for r in ok_runs)
 
 
 def micro_key(r: dict) -> tuple:

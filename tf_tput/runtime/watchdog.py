@@ -4,10 +4,11 @@ Signals. SIGTERM (Slurm's scancel and preemption, a pod's eviction, a launcher s
 its processes), SIGINT (Ctrl-C) and SIGHUP ask the run to end: the measured loop stops
 before its next window (loop.run's should_stop), the run records what it measured so
 far as `interrupted` and exits 128 + the signal. Where the run's main thread cannot get
-there within GRACE_S (blocked in a collective whose peer has gone, or inside a long
-build), this module's thread writes the record from a snapshot of the measurement and
-ends the process at once: inside the 5 s grace of tf_tput.launch and Slurm's 30 s
-KillWait.
+there within GRACE_S (inside a framework call, a long build or step, that returns to
+Python only when done; with other processes, also in a collective whose peer has gone:
+why_stuck says which for the stage), this module's thread writes the record from a
+snapshot of the measurement and ends the process at once: inside the 5 s grace of
+tf_tput.launch and Slurm's 30 s KillWait.
 
 Hung steps. A window of the measured loop (sync_every steps) that has not completed
 within its bound (window_bound) ends the run the same way, as `failed`, naming the step
@@ -32,7 +33,8 @@ import time
 from typing import Callable, Optional
 
 from tf_tput.measure import loop
-from tf_tput.runtime import processes
+from tf_tput.errors import UsageError
+from tf_tput.runtime import processes, topology
 
 # The signals that ask a run to end, and how long the main thread gets to record it.
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -75,6 +77,34 @@ def progress(measurement, stage: str) -> str:
   return (f"after {steps} step(s), {len(measurement.tokens)} of them measured")
 
 
+# Why the main thread has not stopped within GRACE_S, by its stage: Python runs its
+# signal handler only between bytecodes, so a call into a framework's C++ (graph
+# construction, a compile, a step) delays it until the call returns. Waiting on a
+# peer process is a reason only where the run has peers (MULTI_PROCESS_STUCK).
+STUCK = {
+    "build": "building the trainer, in the framework's graph construction or "
+             "compilation, which returns to Python only when done",
+    "devices": "starting the framework on its devices, a call that returns to Python "
+               "only when done",
+    "train": "inside a step, a framework call that returns to Python only when the "
+             "step ends",
+}
+STUCK["trace"] = STUCK["train"]
+MULTI_PROCESS_STUCK = {
+    "devices": "joining the run's other processes, one of which has not started or "
+               "has gone",
+    "train": "blocked in a step, e.g. in a collective whose peer has gone",
+}
+MULTI_PROCESS_STUCK["trace"] = MULTI_PROCESS_STUCK["train"]
+
+
+def why_stuck(stage: str, num_processes: int) -> str:
+  """Why a run in `stage` did not stop within GRACE_S, for an interrupted record."""
+  why = (MULTI_PROCESS_STUCK.get(stage) if num_processes > 1 else None) or STUCK.get(
+      stage, f"in its {stage}, a call that has not returned to Python")
+  return f" (it did not stop within {GRACE_S:g} s: {why})"
+
+
 def window_bound(durations: list, step_timeout_s: Optional[float]) -> float:
   """Seconds the next window may take, given the windows completed so far
   (`durations`, the first one first). The first compiles: it gets FIRST_WINDOW_S, or
@@ -97,8 +127,12 @@ class Watchdog:
 
   def __init__(self, finish: Callable[[Ending, bool], int],
                step_timeout_s: Optional[float], process_id: int = 0,
-               progress: Callable[[], tuple] = lambda: (None, "start")):
+               progress: Callable[[], tuple] = lambda: (None, "start"),
+               num_processes: Optional[int] = None):
     self._finish = finish
+    # The run's processes (None: as its launcher started them): with one, no peer
+    # can be what a stuck main thread waits for.
+    self._num_processes = num_processes or _launched_processes()
     # How far the run got: (a snapshot of its measurement, its stage).
     self._progress = progress
     self._step_timeout_s = step_timeout_s
@@ -238,9 +272,9 @@ class Watchdog:
       return None
 
   def _stuck_interrupt(self) -> Ending:
-    return self.signal_ending(*self._progress(), note=(
-        f" (it did not stop within {GRACE_S:g} s: blocked, e.g. in a collective whose "
-        "peer has gone)"))
+    measurement, stage = self._progress()
+    return self.signal_ending(measurement, stage,
+                              note=why_stuck(stage, self._num_processes))
 
   def _hung(self) -> Optional[Ending]:
     m = self._measurement  # read once: the main thread may unset it meanwhile
@@ -282,6 +316,13 @@ class Watchdog:
         silent.append(f"process {name} (pid {pid}) silent for {age:.0f} s, last at step "
                       f"{steps}, stopped or blocked")
     return "; ".join(silent) or "every process still answers: a collective hung"
+
+
+def _launched_processes() -> int:
+  try:
+    return topology.launched_processes()[0]
+  except UsageError:  # two launchers claim it: train.py says so before any watchdog
+    return 1
 
 
 def _remove(path: str) -> None:

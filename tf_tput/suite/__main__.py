@@ -21,10 +21,9 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 
-from tf_tput import REPO_ROOT, errors
+from tf_tput import REPO_ROOT, entry, errors
 from tf_tput.records import build, results
 from tf_tput.runtime import launchers, processes, topology
 from tf_tput import suite as suites
@@ -277,4 +276,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  entry.start(main)
