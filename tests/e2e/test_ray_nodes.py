@@ -206,7 +206,10 @@ def cluster():
 def _driver(cluster, *args, env=None) -> subprocess.Popen:
   """python *args where the head runs, with RAY_ADDRESS naming it (and the rest of
   cluster.driver_env(), or `env` instead)."""
-  env = dict(os.environ, **(cluster.driver_env() if env is None else env),
+  # Ray's variables from the docs' exports only: a Ray started earlier in this pytest
+  # process (in-process tests) leaves its own in os.environ (RAY_AUTH_MODE among them).
+  inherited = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+  env = dict(inherited, **(cluster.driver_env() if env is None else env),
              TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
   return subprocess.Popen(cluster.exec_prefix(0) + [sys.executable, *args], cwd=REPO,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
