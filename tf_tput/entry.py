@@ -35,12 +35,17 @@ def _parse_flags(argv):
     sys.exit(0 if asked and e.code == 1 else e.code)
 
 
+# tf_tput's own modules: this package's directory (a checkout is often named tf_tput
+# too, with the frameworks in its .venv, so a path's words would not tell).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 class _OwnLinesAndErrors(logging.Filter):
   """Python log records of tf_tput's modules, and every error."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     return (record.levelno >= logging.ERROR
-            or f"{os.sep}tf_tput{os.sep}" in record.pathname)
+            or os.path.abspath(record.pathname).startswith(PACKAGE_DIR))
 
 
 def quiet_frameworks(framework_logs: bool) -> None:

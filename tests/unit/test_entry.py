@@ -35,8 +35,11 @@ def test_framework_lines_are_left_out_unless_asked_and_errors_always_pass(monkey
 
   def line(path, level):
     return logging.LogRecord("absl", level, path, 1, "m", None, None)
-  mtf = os.path.join("site-packages", "mesh_tensorflow", "ops.py")
-  own = os.path.join("repo", "tf_tput", "train.py")
+  # A checkout named tf_tput with the frameworks in its .venv: their path holds the
+  # word, and is still not tf_tput's.
+  mtf = os.path.join(os.sep, "home", "u", "tf_tput", ".venv", "lib", "site-packages",
+                     "mesh_tensorflow", "ops.py")
+  own = os.path.join(entry.PACKAGE_DIR, "train.py")
   assert not keep.filter(line(mtf, logging.WARNING))
   assert keep.filter(line(mtf, logging.ERROR)) and keep.filter(line(own, logging.INFO))
   entry.quiet_frameworks(framework_logs=True)

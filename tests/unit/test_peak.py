@@ -290,10 +290,16 @@ def test_a_process_bound_to_fewer_cpus_probes_them_apart_and_its_devices_share_t
   assert "on the host CPU (2 cores)" in source and "shared by 2 virtual" in source
   probed = runtime.calls
   monkeypatch.setattr(cpus, "allowed", lambda: (1,))
-  bound, source = peak_lib.peak(runtime, two_processes, "float32", _store(tmp_path))
+  # taskset or a cpuset: every process has the same CPU, its devices all share it
+  narrowed, source = peak_lib.peak(runtime, two_processes, "float32", _store(tmp_path))
   assert runtime.calls == 2 * probed  # not the unbound probe the store keeps
+  assert "on CPU(s) 1 of the host's 2" in source and "shared by 2 virtual" in source
+  from tf_tput.runtime import launchers, topology
+  monkeypatch.setattr(topology, "launched", lambda: launchers.Launch(
+      "mpirun", 2, cpu_binding="Open MPI's default"))  # a core for each rank
+  bound, source = peak_lib.peak(runtime, two_processes, "float32", _store(tmp_path))
   assert "on CPU(s) 1 of the host's 2" in source and "shared by 1 virtual" in source
-  assert bound == pytest.approx(2 * whole, rel=0.5)  # the same matmul, one device
+  assert bound == pytest.approx(2 * narrowed, rel=0.5)  # the same matmul, one device
 
 
 def test_a_narrowed_affinity_is_one_line_naming_the_launcher_s_fix():
@@ -305,4 +311,7 @@ def test_a_narrowed_affinity_is_one_line_naming_the_launcher_s_fix():
                          "(mpirun's binding: Open MPI's default)")
   assert note.endswith("for the whole host: mpirun --bind-to none")
   assert "--cpu-bind=none" in cpus.narrowing_note("0", 4, "slurm", "cores")
-  assert "taskset" in cpus.narrowing_note("0", 4, None, None)
+  inherited = cpus.narrowing_note("0", 4, None, None)
+  assert "a job's or a container's cpuset, or taskset" in inherited
+  assert "--bind-to" not in inherited and "--cpu-bind" not in inherited
+  assert "a job's or a container's" in cpus.narrowing_note("0", 2, "mpirun", "none")

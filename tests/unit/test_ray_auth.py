@@ -88,12 +88,22 @@ def test_a_refused_driver_is_told_what_ray_sent(tmp_path, token_file):
 
 @pytest.mark.parametrize("address", ["auto", "ray://10.0.0.2:10001", "no-port",
                                      "127.0.0.1:{free}"])
-def test_where_no_gcs_answers_ray_init_reports_as_before(address):
+def test_where_no_gcs_answers_ray_init_reports_as_before(address, monkeypatch):
+  """No probe of the cluster (ray.init says what is wrong, as before), and no error."""
   pytest.importorskip("ray")
+  from ray import _raylet
+  probes = []
+
+  class Client:  # records a probe instead of making one
+    @staticmethod
+    def standalone(*args, **kwargs):
+      probes.append(args)
+  monkeypatch.setattr(_raylet, "InnerGcsClient", Client)
   with socket.socket() as s:  # a port nothing listens on once closed
     s.bind(("127.0.0.1", 0))
     free = s.getsockname()[1]
   auth.check_accepted(address.format(free=free))
+  assert probes == []
 
 
 def test_what_is_written_while_held_comes_out_after_unless_dropped(capfd):

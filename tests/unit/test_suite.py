@@ -379,9 +379,13 @@ def test_a_run_the_slurm_job_cannot_hold_is_one_line_naming_it_and_the_options()
   assert str(raised.value).startswith("run 't5_tiny mtf multi_worker float32 data2 batch 8 "
                                       "2 workers' is a job step of 3 tasks")
   assert "sbatch --ntasks=3" in str(raised.value) and "--overcommit" in str(raised.value)
-  with pytest.raises(UsageError, match="'t5_tiny jax float32 data2 batch 8 2 processes' "
-                     "is a job step of 2 tasks and this job has 2 CPU"):
-    suites.check_allocation(runs, launchers.SlurmAllocation(2, 2, False))
+  with pytest.raises(UsageError, match="'t5_tiny mtf multi_worker float32 data2 batch 8 "
+                     "2 workers' is a job step of 3 tasks and this job has 2 CPU"):
+    suites.check_allocation(runs[:1] + runs[-1:], launchers.SlurmAllocation(2, 2, False))
+  # The widest run is named even where an earlier one does not fit either: its
+  # options hold every other run.
+  with pytest.raises(UsageError, match="sbatch --ntasks=3"):
+    suites.check_allocation(runs, launchers.SlurmAllocation(1, 1, False))
 
 
 def test_a_retried_run_s_log_is_kept_beside_the_earlier_attempt_s(tmp_path):

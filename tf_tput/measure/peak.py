@@ -9,7 +9,7 @@ virtual devices that run on the same cores. `peak_source` in a record says which
 import time
 from typing import Callable, Optional
 
-from tf_tput.runtime import cpus
+from tf_tput.runtime import cpus, topology as topology_lib
 
 # Dense peak FLOP/s per device as frameworks address it (a TPU v2/v3 core, a v4/v5
 # chip, a GPU), from the vendors' published figures. float32 on NVIDIA Ampere and
@@ -89,11 +89,14 @@ STORED = "; stored probe of "
 
 def _sharing(topology) -> int:
   """Devices that share one CPU share its peak: all of them on this host, else a
-  worker's. A process its launcher bound to some of the host's CPUs probed those
-  (runtime/cpus.py): its own devices share them, each process's CPUs its own."""
+  worker's. A process its launcher bound to some of the host's CPUs (mpirun's
+  ranks, srun --cpu-bind) probed those, each process's CPUs its own
+  (runtime/cpus.py): its own devices share them. CPUs narrowed otherwise (taskset, a
+  container's or a job's cpuset) are every process's alike."""
   if not topology.shares_host_cpu:
     return len(topology.workers[0].devices)
-  if len(cpus.allowed()) < cpus.host_count():
+  binding = topology_lib.launched().cpu_binding
+  if len(cpus.allowed()) < cpus.host_count() and binding not in (None, "none"):
     return max(1, topology.num_devices // topology.num_processes)
   return topology.num_devices
 

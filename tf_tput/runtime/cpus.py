@@ -57,9 +57,11 @@ def narrowing_note(cpu_affinity: str, cpu_count: int, launcher: Optional[str],
   naming the fix; None where it had them all."""
   if count(cpu_affinity) >= cpu_count:
     return None
-  by = f"{launcher}'s binding: {binding}" if binding else (
-      f"under {launcher}" if launcher else "an inherited affinity: taskset, a cpuset")
-  fix = UNBIND.get(launcher, "start it without the affinity")
+  if binding and binding != "none":
+    by, fix = f"{launcher}'s binding: {binding}", UNBIND.get(launcher, "unbind it")
+  else:  # not a launcher's doing: the job's or the container's CPUs, or taskset
+    by = "CPUs it inherited: a job's or a container's cpuset, or taskset"
+    fix = "run it where it may use them all (a whole node, no taskset)"
   return (f"CPUs narrowed: process 0 ran on CPU(s) {cpu_affinity}, {count(cpu_affinity)} "
           f"of the host's {cpu_count} ({by}); its devices and its peak probe had those "
           f"only; for the whole host: {fix}")

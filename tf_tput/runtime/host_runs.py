@@ -21,9 +21,12 @@ from typing import Optional
 LIVE_DIR_ENV = "TF_TPUT_LIVE_RUNS_DIR"
 
 
+def _default_dir() -> str:
+  return os.path.join(tempfile.gettempdir(), "tf_tput-live-runs")
+
+
 def live_dir() -> str:
-  return os.environ.get(LIVE_DIR_ENV) or os.path.join(tempfile.gettempdir(),
-                                                      "tf_tput-live-runs")
+  return os.environ.get(LIVE_DIR_ENV) or _default_dir()
 
 
 class LiveRun:
@@ -41,11 +44,13 @@ class LiveRun:
     nothing of others rather than fail."""
     try:
       os.makedirs(self.directory, exist_ok=True)
-      if os.stat(self.directory).st_uid == os.geteuid():
+      if (self.directory == _default_dir()
+          and os.stat(self.directory).st_uid == os.geteuid()):
         os.chmod(self.directory, 0o1777)  # every user's runs meet here, as in /tmp
       # Locked before it has its name: an unlocked file under that name is stale.
       locking = os.path.join(self.directory, f".{os.path.basename(self.path)}")
-      self._fd = os.open(locking, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+      self._fd = os.open(locking, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+      os.fchmod(self._fd, 0o666)  # past the umask: another user's run writes its id here
       fcntl.flock(self._fd, fcntl.LOCK_EX)
       os.rename(locking, self.path)
       for other, path in self._live_others():
@@ -112,7 +117,7 @@ def _append(path: str, run_id: str) -> None:
   try:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
   except OSError:
-    return  # it ended meanwhile
+    return  # it ended meanwhile, or its owner's directory is not ours to write
   try:
     os.write(fd, f"{run_id}\n".encode())  # one short write: whole under O_APPEND
   finally:

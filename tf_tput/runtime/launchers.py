@@ -17,9 +17,10 @@ job, tf_tput.launch anywhere):
                   SLURM_PROCID, SLURM_STEP_NUM_TASKS,  for the job
                   SLURM_LOCALID, SLURM_STEP_NODELIST
 
-Every process of one run records and logs one run id (run_id): the one tf_tput.launch
-or tf_tput.suite gave it (processes.RUN_ID_ENV), else, in a Slurm step, one made of
-the step's ids, which all its tasks share.
+The processes of one run log one run id (run_id), the one process 0 records, where
+their launcher gives one: tf_tput.launch and tf_tput.suite (processes.RUN_ID_ENV), and
+a Slurm step (made of the step's ids, which all its tasks share). Under torchrun and
+mpirun without it, each process makes its own, and process 0's is recorded.
 
 The coordinators are where JAX's own cluster detection puts its own, so a framework
 that brings its own rendezvous (torch's TCPStore) meets where JAX would. None of them

@@ -191,18 +191,20 @@ def srun_prefix(run: Run) -> list:
 def check_allocation(runs: list, allocation: launchers.SlurmAllocation) -> None:
   """That the Slurm job the suite runs in can start each run as a job step, checked
   before the first starts (srun would refuse the step, and the suite record nothing):
-  UsageError naming the first run it cannot hold, what it needs, and the sbatch
-  options that give it."""
+  UsageError naming the run of the most tasks where the job cannot hold it, what it
+  needs, and the sbatch options that give it (and so every other run)."""
   room = allocation.max_step_tasks
-  for run in runs:
-    tasks = step_tasks(run)
-    if room is not None and tasks > room:
-      raise UsageError(
-          f"run {run.label!r} is a job step of {tasks} tasks and this job has "
-          f"{allocation.cpus} CPU(s), room for {room} task(s) of "
-          f"{allocation.cpus_per_task} CPU(s): srun would refuse it; submit the suite "
-          f"with sbatch --ntasks={tasks}, or add --overcommit to run {tasks} tasks on "
-          "fewer CPUs (docs/clusters.md, \"Slurm\")")
+  if room is None or not runs:
+    return
+  # The widest run: the options that hold it hold every other.
+  tasks, run = max(((step_tasks(r), r) for r in runs), key=lambda pair: pair[0])
+  if tasks > room:
+    raise UsageError(
+        f"run {run.label!r} is a job step of {tasks} tasks and this job has "
+        f"{allocation.cpus} CPU(s), room for {room} task(s) of "
+        f"{allocation.cpus_per_task} CPU(s): srun would refuse it; submit the suite "
+        f"with sbatch --ntasks={tasks}, or add --overcommit to run {tasks} tasks on "
+        "fewer CPUs (docs/clusters.md, \"Slurm\")")
 
 
 def _launches(m: TrainMatrix) -> list:

@@ -103,7 +103,6 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   env[processes.RUN_ID_ENV] = build.new_run_id()  # the run's processes share it
   command = run.command(results_path, FLAGS.train_flag, FLAGS.launcher)
   with open(log_path, "wb") as log:
