@@ -28,7 +28,7 @@ def _cache_systems() -> list:
   """The systems whose runtime keeps a persistent compilation cache (an optional
   Runtime member, docs/extending.md), named in --compilation_cache_dir's help."""
   return [name for name in systems.REGISTRY
-          if hasattr(systems.load(name).runtime, "compilation_cache")]
+          if systems.load(name).runtime.keeps_compilation_cache]
 
 
 FLAGS = flags.FLAGS
@@ -517,7 +517,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
       outcome.measurement.error = f"build: {errors.cause(e)}"
       return outcome
     # A trainer that places its workers itself knows where they went; resolve could not.
-    outcome.nodes = tuple(getattr(trainer, "nodes", None) or topology.nodes)
+    outcome.nodes = tuple(trainer.nodes or topology.nodes)
     build_s = loop.CLOCK() - startup_origin
     outcome.measurement.build_s = build_s  # kept should the loop itself raise
     outcome.stage = "train"
@@ -527,7 +527,7 @@ def _train(system, experiment, topology, writes_record: bool, run_id: str,
                                             t.warmup_steps, t.steps, t.sync_every)
     try:
       outcome.num_params = trainer.num_params
-      outcome.analytic_link_bytes = getattr(trainer, "analytic_link_bytes_per_step", None)
+      outcome.analytic_link_bytes = trainer.analytic_link_bytes_per_step
       guard.watch(outcome.measurement)
       try:
         loop.run(trainer, batches, t.steps, t.warmup_steps, log_every=FLAGS.log_every,
@@ -588,7 +588,7 @@ def _failed(outcome: Outcome, error: str) -> None:
 def _cache_state(system, cache_dir: Optional[str]) -> Optional[str]:
   """The record's compilation_cache: whether every compilation of the run so far came
   from the runtime's cache (docs/records.md)."""
-  if not hasattr(system.runtime, "compilation_cache"):
+  if not system.runtime.keeps_compilation_cache:
     return None
   if cache_dir is None:
     return "off"
@@ -657,7 +657,7 @@ def run() -> int:
     if writes_record:
       live.register()
     try:
-      if hasattr(system.runtime, "compilation_cache"):  # before anything compiles
+      if system.runtime.keeps_compilation_cache:  # before anything compiles
         system.runtime.compilation_cache(cache_dir)
       # Before the framework loads: a path is the environment it loads under. Only
       # process 0 reprobes; the others read what it kept (the store's lock orders them).

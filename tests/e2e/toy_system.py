@@ -15,11 +15,13 @@ from tf_tput.errors import UsageError
 from tf_tput.measure import peak
 from tf_tput.records import provenance
 from tf_tput.runtime import topology as topology_lib
+from tf_tput import systems
+from tf_tput import runtime as runtime_lib
 
 LEARNING_RATE = 1.0
 
 
-class NumpyRuntime:
+class NumpyRuntime(runtime_lib.Runtime):
   name = "numpy"
   finds_local_tpus = False
   serves_workers = False
@@ -44,7 +46,7 @@ class NumpyRuntime:
     raise UsageError("the toy system has no worker servers")
 
 
-class UnigramTrainer:
+class UnigramTrainer(systems.Trainer):
   def __init__(self, experiment, topology):
     self._vocab = models.padded_vocab(experiment.model.vocab_size)
     self._logits = np.zeros(self._vocab, dtype=np.float64)

@@ -109,7 +109,7 @@ def test_it_is_the_jax_adapter_as_a_single_controller():
       "local",)
   assert systems.distributions()["pathwaysutils"] == ("pathwaysutils",)
   # JAX's local compilation cache is not Pathways' (pathwaysutils turns it off).
-  assert not hasattr(system.runtime, "compilation_cache")
+  assert not system.runtime.keeps_compilation_cache
   with pytest.raises(UsageError, match="--strategy=tpu is not one --system=pathways runs"):
     systems.check_strategy("pathways", "tpu", config.load_experiment(["t5_tiny"]))
 

@@ -33,10 +33,11 @@ framework by name:
           # runtime.islands.PrivateNetwork (loopback only) or IslandNetwork, None for
           # this machine's own network (--expose_servers)
 
-Optional, for a runtime with a persistent compilation cache (jax's): train calls
-compilation_cache(directory) before resolve (directory None: off), and records
+A runtime with a persistent compilation cache (jax's, torch's) sets
+keeps_compilation_cache (False on Runtime, which every runtime subclasses): train then
+calls compilation_cache(directory) before resolve (directory None: off), and records
 compilation_cache_hit() -> True (every compilation since came from the cache), False
-(one at least was compiled) or None (none asked it); without them a record's
+(one at least was compiled) or None (none asked it); without it a record's
 compilation_cache is null.
 
 Each runtime imports its framework only inside the methods that need it, so choosing
@@ -50,6 +51,13 @@ class Runtime(Protocol):
   name: str
   finds_local_tpus: bool
   serves_workers: bool
+  keeps_compilation_cache: bool = False
+
+  def compilation_cache(self, directory: Optional[str]) -> None:
+    """Only where keeps_compilation_cache."""
+
+  def compilation_cache_hit(self) -> Optional[bool]:
+    return None
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None: ...
 

@@ -51,14 +51,14 @@ without it has a synchronous step (mtf: Session.run returns when the step is don
 and records say so (synchronous_step).
 tf_tput.parity also uses two optional Trainer methods: export_variables() ->
 {mtf variable name: numpy array} and load_variables(values) (every system).
-Across islands an optional attribute analytic_link_bytes_per_step gives the bytes
-the trainer's own schedule sends between them per step (mtf's counted reduction, a
-pipeline's stage boundaries); without it, train records one float32 gradient per
-parameter reduced hierarchically (runtime/islands.analytic_link_bytes).
-An optional Trainer attribute nodes (a tuple of node names, provenance.this_node's
-form where it can) says where a trainer that places its own workers put them (Ray's
-actors), known once built; without it (or empty) the record's nodes are the
-Topology's, which the runtime filled when it resolved.
+Two Trainer attributes have defaults on the Trainer class, which every trainer
+subclasses: analytic_link_bytes_per_step, the bytes the trainer's own schedule sends
+between islands per step (mtf's counted reduction, a pipeline's stage boundaries;
+None: train records one float32 gradient per parameter reduced hierarchically,
+runtime/islands.analytic_link_bytes), and nodes (a tuple of node names,
+provenance.this_node's form where it can), where a trainer that places its own
+workers put them (Ray's actors), known once built (empty: the record's nodes are the
+Topology's, which the runtime filled when it resolved).
 An optional Trainer method compile(batch) compiles the step ahead of time for batches
 shaped as the first; the shared loop calls it just before the first step and times it
 (compile_s, jax's trainers); without it the first step compiles (docs/measurement.md).
@@ -100,7 +100,15 @@ DEFAULT = "mtf"  # the paper's TF baseline: tf_tput.train's --system when none i
 
 
 class Trainer(Protocol):
+  """What build() returns; trainers subclass it for the defaults of its optional
+  members, which train reads without probing."""
   num_params: int
+  # Where a trainer that places its own workers put them (Ray's actors), once built;
+  # () : the Topology's nodes.
+  nodes: tuple = ()
+  # Bytes its own schedule sends between islands per step; None: one float32 gradient
+  # per parameter, reduced hierarchically (runtime/islands.analytic_link_bytes).
+  analytic_link_bytes_per_step: Optional[int] = None
 
   def step(self, batch: dict) -> float: ...
 

@@ -52,6 +52,7 @@ import numpy as np
 from tf_tput import models, pipeline
 from tf_tput.config import mesh_size
 from tf_tput.systems.jax.trainer import device_mesh, local_peak_bytes, partition_spec
+from tf_tput import systems
 
 STAGE = "stage"
 STACK = "decoder"
@@ -254,7 +255,7 @@ def link_bytes(experiment, num_islands: int):
           + islands.ring_link_bytes(shared, S, num_islands))
 
 
-class JaxPipelineTrainer:
+class JaxPipelineTrainer(systems.Trainer):
   """JaxTrainer's interface over a pipeline: stacked weights sharded over 'stage'."""
 
   def __init__(self, experiment, topology):

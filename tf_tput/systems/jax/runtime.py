@@ -23,6 +23,7 @@ from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime import topology as topology_lib
 from tf_tput.runtime.topology import Topology
+from tf_tput import runtime as runtime_lib
 
 
 # After --cluster_timeout_s the run fails here, in Python; JAX's own deadline comes this
@@ -134,7 +135,8 @@ def cache_subdirectory(jax_version: str, cpu_model: str, cpu_flags: set) -> str:
   return provenance.host_cache_subdirectory(f"jax-{jax_version}", cpu_model, cpu_flags)
 
 
-class JaxRuntime:
+class JaxRuntime(runtime_lib.Runtime):
+  keeps_compilation_cache = True
   name = "jax"
   finds_local_tpus = True  # on a TPU VM, jax.devices() are its chips
   serves_workers = False   # processes come from tf_tput.launch --num_processes

@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models
+from tf_tput import systems
 
 
 def partition_spec(dim_names, layout: dict, mesh_axes):
@@ -57,7 +58,7 @@ def local_peak_bytes(jax) -> Optional[int]:
   return sum(peaks) if peaks and None not in peaks else None
 
 
-class JaxTrainer:
+class JaxTrainer(systems.Trainer):
   """Parameters and Adafactor state sharded over a Mesh; step() runs one jitted update."""
 
   def __init__(self, experiment, topology):

@@ -25,6 +25,7 @@ from tf_tput.records import provenance
 from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.runtime.topology import Topology
 from tf_tput.systems.tensorflow import cluster as tf_cluster, workers as tf_workers
+from tf_tput import runtime as runtime_lib
 
 
 # TF's switch between its Eigen kernels and oneDNN's; unset, TF turns oneDNN on only
@@ -32,7 +33,7 @@ from tf_tput.systems.tensorflow import cluster as tf_cluster, workers as tf_work
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
-class TfRuntime:
+class TfRuntime(runtime_lib.Runtime):
   name = "tf"
   finds_local_tpus = False  # TF reaches a TPU through --strategy=tpu only
   serves_workers = True     # tf.distribute.Server processes (tf_workers)

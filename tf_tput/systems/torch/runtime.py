@@ -29,6 +29,7 @@ from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime import cpus, topology as topology_lib
 from tf_tput.runtime.topology import Topology
+from tf_tput import runtime as runtime_lib
 
 
 def loopback_interface() -> Optional[str]:
@@ -129,7 +130,8 @@ CACHE_COUNTERS = ("inductor", "fxgraph_cache_hit", ("fxgraph_cache_miss",
                                                     "fxgraph_cache_bypass"))
 
 
-class TorchRuntime:
+class TorchRuntime(runtime_lib.Runtime):
+  keeps_compilation_cache = True
   name = "torch"
   finds_local_tpus = False
   serves_workers = False   # processes come from tf_tput.launch --num_processes

@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 
 from tf_tput import models
+from tf_tput import systems
 
 
 def all_reduce_link_bytes(experiment, member_islands: list) -> int:
@@ -35,7 +36,7 @@ def all_reduce_link_bytes(experiment, member_islands: list) -> int:
   return islands.ring_bytes_between(buffer, member_islands)
 
 
-class TorchTrainer:
+class TorchTrainer(systems.Trainer):
   """The parameters and Adafactor state on `device`; step() runs one update."""
 
   def __init__(self, experiment, device: str = "cpu", rank: int = 0, world_size: int = 1,

@@ -34,6 +34,7 @@ from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime.topology import Topology
 from tf_tput.systems.jax import runtime as jax_runtime
+from tf_tput import runtime as runtime_lib
 
 BACKEND_TARGET_ENV = "JAX_BACKEND_TARGET"
 PLATFORMS_ENV = "JAX_PLATFORMS"
@@ -103,7 +104,7 @@ def connect(jax, target: str, timeout_s: float) -> list:
   return outcome["devices"]
 
 
-class PathwaysRuntime:
+class PathwaysRuntime(runtime_lib.Runtime):
   """JAX with the Pathways proxy as its backend: the peak probe's matmul and the
   (one-process) barrier are JAX's runtime's; devices come from the cluster. Not a
   subclass: what else JAX's runtime keeps on this host (its persistent compilation

@@ -22,6 +22,7 @@ from typing import Optional
 
 from tf_tput import compat, data
 from tf_tput.systems.tensorflow.mtf import model as mtf_model
+from tf_tput import systems
 
 
 def replica_slices(mesh_shape: dict, layout: dict, logical_to_physical, dims) -> tuple:
@@ -146,7 +147,7 @@ def build_graph(experiment, topology) -> TpuGraph:
   return out
 
 
-class MtfTpuTrainer:
+class MtfTpuTrainer(systems.Trainer):
   """One replicated training step per call; the loss of replica 0 on the host."""
 
   def __init__(self, experiment, topology):

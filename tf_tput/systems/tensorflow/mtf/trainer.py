@@ -12,12 +12,13 @@ from tf_tput import compat, errors
 from tf_tput.runtime import islands
 from tf_tput.systems.tensorflow import cluster, runtime as tf_runtime
 from tf_tput.systems.tensorflow.mtf import model as mtf_model
+from tf_tput import systems
 
 CLOSE_WAIT_S = 5.0
 LOST_WORKER_SETTLE_S = 3.0
 
 
-class MtfTrainer:
+class MtfTrainer(systems.Trainer):
   """A lowered mtf graph in a Session; step() feeds one numpy batch.
 
   _build_model makes the loss and says how each mesh is lowered; everything around it

@@ -46,7 +46,7 @@ def check_mesh(experiment) -> None:
                               "tf.distribute strategies replicate every variable")
 
 
-class Tf2Trainer:
+class Tf2Trainer(systems.Trainer):
   """tf.Variables under a strategy; step() runs one replicated Adafactor update."""
 
   def __init__(self, experiment, topology):

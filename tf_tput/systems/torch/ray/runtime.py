@@ -33,6 +33,7 @@ from tf_tput.records import provenance
 from tf_tput.runtime import topology as topology_lib
 from tf_tput.runtime.topology import Topology
 from tf_tput.systems.torch.ray import auth
+from tf_tput import runtime as runtime_lib
 
 ADDRESS_ENV = "RAY_ADDRESS"  # Ray's own variable: join the cluster there
 DEVICE_PREFIX = "ray-actor"  # devices are named ray-actor:0, ray-actor:1, ...
@@ -45,7 +46,7 @@ def _stop_clusters() -> None:
     _clusters.pop().stop()
 
 
-class RayRuntime:
+class RayRuntime(runtime_lib.Runtime):
   name = "ray"
   finds_local_tpus = False
   serves_workers = True    # tf_tput.launch --num_workers starts Ray nodes (nodes.py)

@@ -35,6 +35,7 @@ import time
 from typing import Optional
 
 from tf_tput import data, errors
+from tf_tput import systems
 
 POLL_S = 1.0        # how often a waiting driver looks for failed actors (and Ctrl-C)
 SETTLE_S = 2.0      # after one actor fails, how long the others get to report theirs
@@ -102,7 +103,7 @@ class TrainerActor:
     self._trainer.load_variables(values)
 
 
-class RayTrainer:
+class RayTrainer(systems.Trainer):
   """The driver: N actors, one per device of the topology."""
 
   def __init__(self, experiment, topology, replica: str = REPLICA,
