@@ -9,7 +9,7 @@ tfds text is byte-encoded and padded or packed, and then padding counts.
 import itertools
 import queue
 import threading
-from typing import Iterator, Optional
+from typing import Generator, Iterator, Optional, Protocol
 
 import numpy as np
 
@@ -63,8 +63,19 @@ RING_BYTES = 64 << 20
 PREFETCH_DEPTH = 4
 
 
-def batches(experiment: Experiment, count: Optional[int] = None) -> Iterator[dict]:
-  """An endless iterator of global batches for this experiment, ready before timing.
+class Batches(Protocol):
+  """What batches() returns, whatever the source: an iterator its caller closes."""
+
+  def __iter__(self) -> "Batches": ...
+
+  def __next__(self) -> dict: ...
+
+  def close(self) -> None: ...
+
+
+def batches(experiment: Experiment, count: Optional[int] = None) -> Batches:
+  """An endless iterator of global batches for this experiment, ready before timing;
+  close() ends it.
 
   Synthetic: ring_size(experiment, count) distinct batches (count: the steps that
   will be run; default the experiment's warmup + measured steps) are generated now and
@@ -96,9 +107,11 @@ def host_bytes(experiment: Experiment) -> int:
   return per_batch * (PREFETCH_DEPTH + 3)
 
 
-def ring(source: Iterator[dict], count: int) -> Iterator[dict]:
-  """`count` batches drawn from `source` now, then cycled forever."""
-  return itertools.cycle([next(source) for _ in range(max(1, count))])
+def ring(source: Iterator[dict], count: int) -> Generator[dict, None, None]:
+  """`count` batches drawn from `source` now, then cycled forever; a generator, so
+  that it has close() as every Batches has (nothing runs behind it to stop)."""
+  drawn = [next(source) for _ in range(max(1, count))]
+  return (batch for batch in itertools.cycle(drawn))
 
 
 class Prefetched:

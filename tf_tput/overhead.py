@@ -68,7 +68,7 @@ def measure(trainer, batches: list, rounds: int) -> tuple:
   return s, b, overhead_percent(s, b), [overhead_percent(*p) for p in zip(shared, bare, strict=True)]
 
 
-class _NoOpTrainer:
+class _NoOpTrainer(systems.Trainer):
   """A step that does nothing: the loop around it is all that is timed."""
 
   def step(self, batch) -> float:

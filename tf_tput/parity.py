@@ -82,8 +82,7 @@ def compare(sides, num_cpu_devices, steps: int) -> list:
         losses = [trainer.step(batch) for trainer in trainers]
         rows.append((step, losses, [abs(x - losses[0]) / abs(losses[0]) for x in losses]))
     finally:
-      if hasattr(batches, "close"):
-        batches.close()  # a tfds prefetch thread
+      batches.close()  # a tfds prefetch thread
     return rows
   finally:
     for trainer in reversed(trainers):

@@ -68,7 +68,7 @@ class UnigramTrainer(systems.Trainer):
     pass
 
 
-class ToySystem:
+class ToySystem(systems.System):
   name = "toy"
   runtime = NumpyRuntime()
   distributions = {"numpy": ("numpy",)}

@@ -6,7 +6,12 @@ Checked in the code itself: imports, names and string literals. Docstrings and
 comments may give examples (`--system=jax`) and are not checked. The report labels
 published results by the paper's system names, so it is checked for imports only:
 nothing shared imports a framework folder (tf_tput/systems/<framework>/) except
-through the registry."""
+through the registry.
+
+Shared code also calls the members a System, Runtime or Trainer declares (their
+defaults on the base classes) and never probes for one: no hasattr or getattr on them
+anywhere in tf_tput outside the framework folders; nor on a micro-benchmark's system
+module, which declares tf_tput.micro.MEMBERS."""
 
 import ast
 import io
@@ -15,9 +20,10 @@ import tokenize
 
 import pytest
 
-from tf_tput import PACKAGE_DIR, systems
+from tf_tput import PACKAGE_DIR, micro, systems
 
-SHARED = ["train.py", "launch.py", "plan.py", "suite", "measure", "records", "runtime"]
+SHARED = ["train.py", "launch.py", "plan.py", "suite", "measure", "records", "runtime",
+          "numerics.py"]
 IMPORTS_ONLY = ["report"]
 FRAMEWORK_MODULES = {"tensorflow", "jax", "jaxlib", "torch", "ray", "mesh_tensorflow",
                      "optax", "gin.tf"}
@@ -134,3 +140,55 @@ def test_shared_code_imports_no_framework_folder(path):
   found = imports(path.read_text(), _module(path))
   assert not found, (f"{path.relative_to(PACKAGE_DIR)} imports a framework or a framework "
                      f"folder; reach a system through tf_tput.systems.load: {found}")
+
+
+# What a probed object's spelling says it is: a System, Runtime or Trainer (or a
+# micro-benchmark's system module, micro.system_module(name)), or systems.load(...).
+PROBED = re.compile(r"system|runtime|trainer|\bload\(", re.IGNORECASE)
+
+
+def probes(source: str) -> list:
+  """(line, call) of every hasattr or getattr whose object names a System, Runtime
+  or Trainer (PROBED): shared code calls their declared members instead."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id in ("hasattr", "getattr") and node.args
+        and PROBED.search(ast.unparse(node.args[0]))):
+      found.append((node.lineno, ast.unparse(node)))
+  return found
+
+
+def test_the_probe_checker_finds_probes():
+  source = ('dispatch = getattr(trainer, "dispatch", None)\n'
+            'offer = getattr(runtime, "gemm_paths", None)\n'
+            'x = hasattr(system.runtime, "serve_worker")\n'
+            'y = getattr(load(name), "caveat", None)\n'
+            'z = [s for s in names if hasattr(micro.system_module(s), "run_private")]\n'
+            'fine = getattr(experiment, field.name), hasattr(batches, "close")\n')
+  assert [line for line, _ in probes(source)] == [1, 2, 3, 4, 5]
+
+
+def _outside_framework_folders() -> list:
+  """Every module of tf_tput but those in tf_tput/systems/<framework>/, which hold
+  the members themselves."""
+  return [p for p in sorted(PACKAGE_DIR.rglob("*.py"))
+          if p.relative_to(PACKAGE_DIR).parts[:1] != ("systems",)
+          or len(p.relative_to(PACKAGE_DIR).parts) == 2]
+
+
+@pytest.mark.parametrize("path", _outside_framework_folders(),
+                         ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
+def test_shared_code_never_probes_a_system_runtime_or_trainer(path):
+  found = probes(path.read_text())
+  assert not found, (f"{path.relative_to(PACKAGE_DIR)} probes for a member; declare it "
+                     "with a default on tf_tput.systems.System or Trainer, "
+                     "tf_tput.runtime.Runtime or in tf_tput.micro.MEMBERS, and call it "
+                     f"(docs/extending.md): {found}")
+
+
+def test_every_micro_system_module_declares_the_whole_interface():
+  for name in micro.SYSTEMS:
+    module = micro.system_module(name)
+    missing = [m for m in micro.MEMBERS if m not in vars(module)]
+    assert not missing, f"tf_tput/micro's {name} module lacks {missing}"

@@ -259,9 +259,13 @@ def test_prefetched_batches_come_in_order_and_the_sources_error_is_raised():
 
 def test_synthetic_batches_are_a_ring_of_distinct_batches():
   e = _experiment("t5_tiny")
-  ring = list(itertools.islice(data.batches(e, count=3), 6))
+  batches = data.batches(e, count=3)
+  ring = list(itertools.islice(batches, 6))
   assert ring[3] is ring[0] and ring[4] is ring[1]   # built once, cycled
   assert not np.array_equal(ring[0]["targets"], ring[1]["targets"])
+  batches.close()  # every source's batches close (callers never ask whether they do)
+  with pytest.raises(StopIteration):
+    next(batches)
 
 
 def test_the_ring_is_bounded_by_steps_count_and_bytes():

@@ -8,12 +8,13 @@ import os
 
 import pytest
 
+from tf_tput import runtime as runtime_lib
 from tf_tput.errors import UsageError
 from tf_tput.measure import gemm, peak_store
 from tf_tput.systems.tensorflow import runtime as tf_runtime
 
 
-class FakeRuntime:
+class FakeRuntime(runtime_lib.Runtime):
   name = "fake"
 
   def __init__(self, offered):
@@ -107,6 +108,16 @@ def test_a_path_named_only_is_forced_never_probed(tmp_path, probes):
                       "local", "float32", _store(tmp_path))
   assert every["path"] == "fast"
   assert every["chosen_by"] == "every path is named only: the first"
+  assert probes == []
+
+
+class PlainRuntime(runtime_lib.Runtime):
+  name = "plain"
+
+
+def test_a_runtime_that_declares_no_paths_offers_none(tmp_path, probes):
+  assert gemm.choose("plain", PlainRuntime(), "local", "float32", _store(tmp_path)) is None
+  gemm.check(PlainRuntime(), "local", "float32", gemm.AUTO)
   assert probes == []
 
 

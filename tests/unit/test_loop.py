@@ -6,10 +6,11 @@ import math
 import numpy as np
 import pytest
 
+from tf_tput import systems
 from tf_tput.measure import loop
 
 
-class FakeTrainer:
+class FakeTrainer(systems.Trainer):
   """step() returns scripted losses; optionally raises at a given (0-based) step."""
 
   def __init__(self, losses=None, fail_at=None):
@@ -191,6 +192,7 @@ def test_on_step_work_does_not_change_measured_durations():
 
 class DispatchingTrainer(FakeTrainer):
   """dispatch() returns a pending loss; float() of it is a fetch, counted."""
+  synchronous_step = False
 
   def __init__(self, **kwargs):
     super().__init__(**kwargs)
@@ -312,6 +314,7 @@ def test_startup_with_sync_every_2_times_step_0_alone():
 
 class CompilingTrainer(FakeTrainer):
   """compile(batch) records the batch it compiled for; optionally raises."""
+  compiles_ahead = True
 
   def __init__(self, compile_error=None, **kwargs):
     super().__init__(**kwargs)

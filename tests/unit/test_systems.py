@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tf_tput import PACKAGE_DIR, config, systems
+from tf_tput import PACKAGE_DIR, config, runtime as runtime_lib, systems
 from tf_tput.errors import UsageError
 from tf_tput.runtime import islands
 
@@ -29,11 +29,22 @@ def test_every_registered_system_has_the_interface():
   protocol = set(systems.System.__annotations__) | {"check", "build"}
   for name in systems.REGISTRY:
     system = systems.load(name)
+    # Subclasses, so that every optional member has its declared default.
+    assert systems.System in type(system).__mro__, f"{name} does not subclass System"
+    assert runtime_lib.Runtime in type(system.runtime).__mro__, (
+        f"{name}'s runtime does not subclass tf_tput.runtime.Runtime")
     missing = [a for a in sorted(protocol) if not hasattr(system, a)]
     assert not missing, f"{name} lacks {missing}"
     assert system.name == name
     assert set(system.strategies) <= {"local", "multi_worker", "tpu"}
     assert set(system.traces) <= set(system.strategies)
+
+
+def test_only_a_chief_of_worker_servers_drives_them():
+  """Ray's runtime serves workers too (tf_tput.launch starts its nodes), but its
+  driver is no chief: only mtf's runtime's workers serve (serve_worker)."""
+  assert [name for name in systems.BUILT_IN
+          if systems.drives_worker_servers(systems.load(name))] == ["mtf"]
 
 
 def test_records_carry_every_systems_library_versions():
@@ -55,9 +66,8 @@ def test_strategy_checks_are_the_systems_own():
 def test_scanned_layers_are_refused_by_systems_that_do_not_scan():
   scanned = config.load_experiment(["t5_tiny"], ["ModelConfig.scan_layers = True"])
   systems.check_strategy("jax", "local", scanned)
-  able = [name for name in systems.REGISTRY
-          if getattr(systems.load(name), "scans_layers", False)]
-  assert able[:2] == ["jax", "pathways"]
+  able = [name for name in systems.REGISTRY if systems.load(name).scans_layers]
+  assert able[:2] == ["jax", "pathways"] and systems.able("scans_layers") == able
   for name in ("mtf", "tf2", "torch", "ray"):
     with pytest.raises(UsageError, match=rf"^ModelConfig.scan_layers = True: --system="
                        rf"{name} runs the layers one by one; drop the binding, or use "

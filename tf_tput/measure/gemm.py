@@ -5,10 +5,10 @@ on the CPU: on a 2-core AMD EPYC with AVX2 only, TF's Eigen reached 122 GFLOP/s 
 its oneDNN 170 (TF turns oneDNN on by default only where the CPU has AVX-512 VNNI,
 BF16 or AMX); on AMD Zen 5, torch's MKL sgemm reached under half of what oneDNN does.
 A runtime that offers paths names them, each as the environment that selects it
-(read when the framework loads):
+(read when the framework loads); tf_tput.runtime.Runtime's defaults offer none:
 
     gemm_paths(strategy, dtype) -> {name: {variable: value}}   # {} or one: no choice
-    gemm_paths_named_only -> (name, ...)   # optional: run where named, never probed
+    gemm_paths_named_only -> (name, ...)   # run where named, never probed
 
 A path named only is one whose probe misleads (it wins the one large matmul and
 loses on the model's): --gemm or its environment runs it; auto does not probe it.
@@ -36,14 +36,12 @@ PROBE_MODULE = "tf_tput.measure.gemm_probe"
 
 def paths(runtime, strategy: str, dtype: str) -> dict:
   """The runtime's GEMM paths for this run ({} where it offers none)."""
-  offer = getattr(runtime, "gemm_paths", None)
-  return dict(offer(strategy, dtype)) if offer else {}
+  return dict(runtime.gemm_paths(strategy, dtype))
 
 
 def named_only(runtime, offered: dict) -> tuple:
   """The offered paths that auto neither probes nor chooses."""
-  return tuple(name for name in getattr(runtime, "gemm_paths_named_only", ())
-               if name in offered)
+  return tuple(name for name in runtime.gemm_paths_named_only if name in offered)
 
 
 def check(runtime, strategy: str, dtype: str, requested: str) -> None:

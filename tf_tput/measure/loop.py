@@ -34,10 +34,10 @@ class Measurement:
   padded_tokens: list = dataclasses.field(default_factory=list)  # measured steps only
   warmup_steps: int = 0
   sync_every: int = 1        # steps per timed window
-  synchronous_step: Optional[bool] = None  # the trainer has no dispatch(); None: unbuilt
+  synchronous_step: Optional[bool] = None  # the trainer's; None: unbuilt
   error: Optional[str] = None
   # Startup, in seconds on CLOCK; None where the run did not get that far (or, for
-  # compile_s, where the trainer has no compile()).
+  # compile_s, where the trainer does not compile ahead).
   build_s: Optional[float] = None        # the run's start to a built trainer (train)
   compile_s: Optional[float] = None      # trainer.compile(first batch)
   first_step_s: Optional[float] = None   # compile_s + the first step, its loss on the host
@@ -142,14 +142,15 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
   """Runs warmup_steps + steps optimizer steps; returns what was measured.
 
   warmup_steps and steps are multiples of sync_every (config.validate checks it).
-  A trainer with `dispatch(batch)` (returning a pending loss that float() waits for)
-  runs up to sync_every steps before the loop waits; without it, `step(batch)` is
-  synchronous and the window only spaces out the clock reads. An exception inside a
-  step ends the loop and is recorded in `error`; the partial measurement is returned
-  so a failed run can still be written down. A non-finite loss is recorded the same
-  way: a diverged run's speed is not a result. `on_step(step, scalars)` receives the
-  per-step scalars (e.g. for TensorBoard) after the loop, outside the clock.
-  A trainer with `compile(batch)` compiles its step for the first batch before the
+  The loop runs steps through trainer.dispatch(batch), a loss float() waits for:
+  one still pending (not trainer.synchronous_step) lets up to sync_every steps run
+  before the loop waits; a synchronous trainer's dispatch is its step, and the window
+  only spaces out the clock reads. An exception inside a step ends the loop and is
+  recorded in `error`; the partial measurement is returned so a failed run can still
+  be written down. A non-finite loss is recorded the same way: a diverged run's speed
+  is not a result. `on_step(step, scalars)` receives the per-step scalars (e.g. for
+  TensorBoard) after the loop, outside the clock.
+  A trainer that compiles_ahead compiles its step for the first batch before the
   first dispatch, timed as compile_s (and inside first_step_s and warmup_s); a
   failure there is step 0's. build_s (train's) is kept in the measurement as given.
   should_stop() is asked before each window: True ends the loop there, the windows so
@@ -157,17 +158,16 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
   `measurement` when given (another thread may read it as it grows: snapshot()).
   """
   timer = timer or StepTimer()
-  dispatch = getattr(trainer, "dispatch", None)
   m = measurement or Measurement()
   m.warmup_steps, m.completion_times, m.sync_every = warmup_steps, timer.times, sync_every
-  m.synchronous_step, m.build_s = dispatch is None, build_s
+  m.synchronous_step, m.build_s = trainer.synchronous_step, build_s
   scalars = []  # (step, scalars), written after the loop
   try:
     started = m.loop_started = timer.now()
     batches = None if should_stop() else _compiled(trainer, batches, m, timer, started)
     if batches is not None:
-      _windows(trainer, dispatch, batches, warmup_steps + steps, m, timer, log_every,
-               scalars, started, should_stop)
+      _windows(trainer, batches, warmup_steps + steps, m, timer, log_every, scalars,
+               started, should_stop)
   finally:
     if on_step:
       for step, values in scalars:
@@ -178,14 +178,13 @@ def run(trainer, batches: Iterator[dict], steps: int, warmup_steps: int,
 
 
 def _compiled(trainer, batches, m, timer, started):
-  """Runs the trainer's compile(first batch), if it has one, timing it; the batches
-  from the first on, or None when the compile failed (m.error says why)."""
-  compile_ = getattr(trainer, "compile", None)
-  if compile_ is None:
+  """Runs the trainer's compile(first batch) where it compiles_ahead, timing it; the
+  batches from the first on, or None when the compile failed (m.error says why)."""
+  if not trainer.compiles_ahead:
     return batches
   try:
     first = next(batches)
-    compile_(first)
+    trainer.compile(first)
   except Exception as e:  # noqa: BLE001 - a failed compile is a failed first step
     logging.error("compiling step 0 failed", exc_info=True)
     m.error = f"step 0: compile: {errors.cause(e)}"
@@ -194,8 +193,8 @@ def _compiled(trainer, batches, m, timer, started):
   return itertools.chain([first], batches)
 
 
-def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
-             started, should_stop) -> None:
+def _windows(trainer, batches, total, m, timer, log_every, scalars, started,
+             should_stop) -> None:
   k, warmup_steps = m.sync_every, m.warmup_steps
   for first in range(0, total, k):
     if should_stop():
@@ -206,7 +205,7 @@ def _windows(trainer, dispatch, batches, total, m, timer, log_every, scalars,
     try:
       for step in range(first, first + k):
         batch = next(batches)
-        pending.append(dispatch(batch) if dispatch else float(trainer.step(batch)))
+        pending.append(trainer.dispatch(batch))
         counts.append(data.count_tokens(batch) if step >= warmup_steps else None)
       for step, loss in enumerate(pending, start=first):
         m.losses.append(float(loss))  # waits for the step when it is pending

@@ -20,15 +20,19 @@ Modes, as in the paper:
            computation;
   fused    one client call runs one node that loops chain_length computations.
 
-A system module (tf_tput/micro/<system>.py) defines:
+A system module (tf_tput/micro/<system>.py) defines every one of these (MEMBERS;
+tf_tput.micro calls them and never asks whether they exist):
   MODES: the modes it has (others are recorded as not applicable);
   unavailable() -> str | None: why it cannot run here (an extra not installed);
   run(spec) -> list[float]: wall seconds of each of spec.repeats timed repeats (after
       one untimed warmup repeat), each of spec.computations computations, all
       results checked. It starts its hosts as local processes on loopback and stops
       every one of them, on success, failure, timeout and Ctrl-C.
-  close() (optional): stops whatever run() keeps from one run to the next (tf's
-      client process, ray's cluster); tf_tput.micro calls it once its runs are done.
+  run_private: run's form for servers that listen on every interface (tf's), run
+      inside a private network namespace unless --expose_servers; None where its
+      servers listen on loopback only;
+  close(): stops whatever run() keeps from one run to the next (tf's client process,
+      ray's cluster; nothing for jax); tf_tput.micro calls it once its runs are done.
 """
 
 import dataclasses
@@ -37,6 +41,7 @@ import importlib
 SYSTEMS = {"tf": "tf_tput.micro.tf_single", "jax": "tf_tput.micro.jax_multi",
            "ray": "tf_tput.micro.ray_actors"}
 MODES = ("opbyop", "chained", "fused")
+MEMBERS = ("MODES", "unavailable", "run", "run_private", "close")  # of a system module
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,9 +114,9 @@ def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None)
 
 def _runner(module):
   """module.run, or where the system's servers listen on every interface (tf, whose
-  module has run_private) its run inside a private network namespace, unless
-  --expose_servers."""
-  private = getattr(module, "run_private", None)
+  module's run_private is not None) its run inside a private network namespace,
+  unless --expose_servers."""
+  private = module.run_private
   return module.run if FLAGS.expose_servers or private is None else private
 
 
@@ -125,7 +125,7 @@ def _check_private_network() -> None:
   network namespace and none can be made here: refused before anything runs."""
   if FLAGS.expose_servers:
     return
-  needing = [s for s in FLAGS.systems if hasattr(micro.system_module(s), "run_private")]
+  needing = [s for s in FLAGS.systems if micro.system_module(s).run_private is not None]
   problem = islands.private_missing() if needing else None
   if problem:
     raise UsageError(f"--systems={','.join(needing)}: its servers listen on every "
@@ -266,7 +266,7 @@ def main(argv) -> int:
     return 130
   finally:
     for system in FLAGS.systems:  # what a system kept from one run to the next
-      getattr(micro.system_module(system), "close", lambda: None)()
+      micro.system_module(system).close()
   print(format_table(records))
   print("\n".join(notes))
   print(f"records: {FLAGS.results}")

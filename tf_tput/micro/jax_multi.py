@@ -24,6 +24,7 @@ from tf_tput.micro import Spec
 
 MODES = ("opbyop", "fused")
 GRACE_S = 5.0
+run_private = None  # its hosts join on loopback (runtime.processes): no namespace needed
 
 
 def unavailable():
@@ -57,6 +58,10 @@ def run(spec: Spec, bare: bool = False) -> list:
   if result.get("error"):
     raise RuntimeError(result["error"])
   return result["repeat_seconds"]
+
+
+def close() -> None:
+  """Nothing outlives a run: its host processes end with it."""
 
 
 def _run_one(command: list, timeout_s: float) -> int:

@@ -37,6 +37,7 @@ from tf_tput import micro
 from tf_tput.systems.torch.ray import cluster as ray_cluster
 
 MODES = micro.MODES
+run_private = None  # the cluster listens on loopback (cluster.py): no namespace needed
 
 
 def unavailable():

@@ -40,6 +40,13 @@ compilation_cache_hit() -> True (every compilation since came from the cache), F
 (one at least was compiled) or None (none asked it); without it a record's
 compilation_cache is null.
 
+A runtime whose framework multiplies through more than one CPU library returns them
+from gemm_paths(strategy, dtype) (default {}: no choice; measure/gemm.py), and may
+name in gemm_paths_named_only (default ()) those never probed. A runtime whose
+multi_worker chief drives worker servers (TF's) sets chief_drives_workers (default
+False): where its system does not run on every worker, train's other processes call
+serve_worker(timeout_s) -> exit code instead of training.
+
 Each runtime imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.
 """
@@ -52,12 +59,22 @@ class Runtime(Protocol):
   finds_local_tpus: bool
   serves_workers: bool
   keeps_compilation_cache: bool = False
+  gemm_paths_named_only: tuple = ()  # gemm_paths run only where named, never probed
+  chief_drives_workers: bool = False  # multi_worker's other processes serve_worker
 
   def compilation_cache(self, directory: Optional[str]) -> None:
     """Only where keeps_compilation_cache."""
 
   def compilation_cache_hit(self) -> Optional[bool]:
     return None
+
+  def gemm_paths(self, strategy: str, dtype: str) -> dict:
+    """{path name: {variable: value}}, the environment selecting each (measure/gemm.py)."""
+    return {}
+
+  def serve_worker(self, timeout_s: float) -> int:
+    """Only where chief_drives_workers: serves the chief until it leaves; exit code."""
+    raise NotImplementedError(f"the {self.name} runtime drives no worker servers")
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None: ...
 

@@ -29,6 +29,11 @@ Nothing here imports a framework folder except through BUILT_IN.
                                           # a pipeline's stages split across them
       traces: tuple                       # strategies under which --trace_dir works
                                           # (its trainer has trace_step)
+      options: tuple = ()                 # gin configurables saying how it runs
+                                          # (options())
+      scans_layers: bool = False          # honours ModelConfig.scan_layers (others
+                                          # refuse it, check_strategy)
+      caveat: str | None = None           # text every record of it carries (caveat())
       def check(self, experiment, strategy) -> None: ...  # what it cannot train under
                                           # the strategy, as one UsageError (no
                                           # framework started)
@@ -40,28 +45,32 @@ Nothing here imports a framework folder except through BUILT_IN.
       def device_memory_bytes(self) -> int | None: ...
       def close(self) -> None: ...
 
-Optional System attributes: `options`, gin configurables saying how it runs
-(options()); `scans_layers`, True where it honours ModelConfig.scan_layers (others
-refuse it, check_experiment); `caveat`, text every record of it carries (caveat()).
-An optional Trainer method trace_step(batch, path) -> text runs one more step under
-the framework's trace, writes it to path and says where the time went (--trace_dir).
-An optional Trainer method dispatch(batch) -> pending loss (float() of it waits for
-the step) lets the loop keep TrainConfig.sync_every steps in flight (jax); a trainer
-without it has a synchronous step (mtf: Session.run returns when the step is done),
-and records say so (synchronous_step).
-tf_tput.parity also uses two optional Trainer methods: export_variables() ->
-{mtf variable name: numpy array} and load_variables(values) (every system).
-Two Trainer attributes have defaults on the Trainer class, which every trainer
-subclasses: analytic_link_bytes_per_step, the bytes the trainer's own schedule sends
-between islands per step (mtf's counted reduction, a pipeline's stage boundaries;
-None: train records one float32 gradient per parameter reduced hierarchically,
-runtime/islands.analytic_link_bytes), and nodes (a tuple of node names,
-provenance.this_node's form where it can), where a trainer that places its own
-workers put them (Ray's actors), known once built (empty: the record's nodes are the
-Topology's, which the runtime filled when it resolved).
-An optional Trainer method compile(batch) compiles the step ahead of time for batches
-shaped as the first; the shared loop calls it just before the first step and times it
-(compile_s, jax's trainers); without it the first step compiles (docs/measurement.md).
+Every system subclasses System and every trainer Trainer, whose optional members have
+their defaults there, so shared code calls them and never asks whether they exist
+(tests/unit/test_boundary.py). Trainer's:
+- nodes (default ()): a tuple of node names, provenance.this_node's form where it
+  can, where a trainer that places its own workers put them (Ray's actors), known
+  once built (empty: the record's nodes are the Topology's, which the runtime filled
+  when it resolved);
+- analytic_link_bytes_per_step (default None): the bytes the trainer's own schedule
+  sends between islands per step (mtf's counted reduction, a pipeline's stage
+  boundaries; None: train records one float32 gradient per parameter reduced
+  hierarchically, runtime/islands.analytic_link_bytes);
+- dispatch(batch) -> a loss float() of which waits for the step, and
+  synchronous_step (default True: dispatch is step). A trainer whose dispatch
+  returns the loss still pending (jax) sets it False: the loop keeps
+  TrainConfig.sync_every steps in flight, and records say which (synchronous_step);
+- compile(batch), called where compiles_ahead (default False): compiles the step
+  ahead of time for batches shaped as the first; the shared loop calls it just before
+  the first step and times it (compile_s, jax's trainers); otherwise the first step
+  compiles (docs/measurement.md);
+- trace_step(batch, path) -> text (where its system lists the strategy in traces):
+  one more step under the framework's trace, written to path, saying where the time
+  went (--trace_dir);
+- export_variables() -> {mtf variable name: numpy array} and load_variables(values)
+  (every system's, for tf_tput.parity).
+The defaults of trace_step, export_variables and load_variables raise
+NotImplementedError.
 Modules are imported only when chosen, so choosing a system loads only its framework.
 A new system is its system.py in its framework's folder plus its line in BUILT_IN
 (a new framework: a new folder shaped like the others), or, outside this tree, a
@@ -101,7 +110,7 @@ DEFAULT = "mtf"  # the paper's TF baseline: tf_tput.train's --system when none i
 
 class Trainer(Protocol):
   """What build() returns; trainers subclass it for the defaults of its optional
-  members, which train reads without probing."""
+  members, which shared code calls without probing."""
   num_params: int
   # Where a trainer that places its own workers put them (Ray's actors), once built;
   # () : the Topology's nodes.
@@ -109,8 +118,33 @@ class Trainer(Protocol):
   # Bytes its own schedule sends between islands per step; None: one float32 gradient
   # per parameter, reduced hierarchically (runtime/islands.analytic_link_bytes).
   analytic_link_bytes_per_step: Optional[int] = None
+  # False where dispatch returns the loss still pending: the loop then keeps
+  # sync_every steps in flight, and records say so.
+  synchronous_step: bool = True
+  # True where compile(batch) compiles the step ahead of time (the loop times it).
+  compiles_ahead: bool = False
 
   def step(self, batch: dict) -> float: ...
+
+  def dispatch(self, batch: dict):
+    """One step; a loss float() of which waits for it (pending where not
+    synchronous_step)."""
+    return float(self.step(batch))
+
+  def compile(self, batch: dict) -> None:
+    """Only where compiles_ahead: the step compiled for batches shaped as `batch`."""
+
+  def trace_step(self, batch: dict, path: str) -> str:
+    """Only where its system lists the strategy in traces (--trace_dir)."""
+    raise NotImplementedError(f"{type(self).__name__} has no trace_step")
+
+  def export_variables(self) -> dict:
+    """{mtf variable name: numpy array}, for tf_tput.parity."""
+    raise NotImplementedError(f"{type(self).__name__} has no export_variables")
+
+  def load_variables(self, values: dict) -> None:
+    """Replaces the variables with export_variables()'s form, for tf_tput.parity."""
+    raise NotImplementedError(f"{type(self).__name__} has no load_variables")
 
   def device_memory_bytes(self) -> Optional[int]: ...
 
@@ -118,6 +152,8 @@ class Trainer(Protocol):
 
 
 class System(Protocol):
+  """What a system module's SYSTEM is an instance of; systems subclass it for the
+  defaults of its optional members, which shared code reads without probing."""
   name: str
   runtime: object  # a tf_tput.runtime.Runtime
   distributions: dict
@@ -128,6 +164,9 @@ class System(Protocol):
   pipelines: bool
   islands: tuple
   traces: tuple
+  options: tuple = ()  # gin configurables saying how it runs (options())
+  scans_layers: bool = False  # honours ModelConfig.scan_layers
+  caveat: Optional[str] = None  # what every record of it must tell a reader
 
   def check(self, experiment, strategy: str) -> None: ...
 
@@ -147,14 +186,21 @@ def load(name: str) -> System:
 
 def drives_worker_servers(system: System) -> bool:
   """Whether the system's one process drives TF worker servers under
-  --strategy=multi_worker (its runtime serves them: serve_worker), rather than every
-  worker running the program."""
-  return not system.every_worker and hasattr(system.runtime, "serve_worker")
+  --strategy=multi_worker (its runtime's chief_drives_workers: each other process
+  serves, serve_worker), rather than every worker running the program."""
+  return not system.every_worker and system.runtime.chief_drives_workers
 
 
-def able(attribute: str) -> list:
-  """The registered systems whose `attribute` is true (non-empty), for messages."""
-  return [name for name in REGISTRY if getattr(load(name), attribute)]
+# The System members messages list the able systems by, each read as declared.
+ABILITIES = {"traces": lambda system: system.traces,
+             "islands": lambda system: system.islands,
+             "scans_layers": lambda system: system.scans_layers}
+
+
+def able(ability: str) -> list:
+  """The registered systems whose ABILITIES[ability] is true (non-empty), for
+  messages."""
+  return [name for name in REGISTRY if ABILITIES[ability](load(name))]
 
 
 def distributions() -> dict:
@@ -179,10 +225,10 @@ def named_in(command, default: Optional[str] = DEFAULT) -> Optional[str]:
 
 
 def options(*names: str) -> tuple:
-  """The gin configurables of these systems (an optional System attribute `options`:
-  how the system runs, bound in gin and recorded in the config), their modules
-  imported so that gin knows their names before it parses."""
-  return tuple(dict.fromkeys(c for name in names for c in getattr(load(name), "options", ())))
+  """The gin configurables of these systems (System.options: how the system runs,
+  bound in gin and recorded in the config), their modules imported so that gin knows
+  their names before it parses."""
+  return tuple(dict.fromkeys(c for name in names for c in load(name).options))
 
 
 def variant(name: str, experiment) -> Optional[str]:
@@ -203,7 +249,7 @@ def variant(name: str, experiment) -> Optional[str]:
 def caveat(name: str) -> Optional[str]:
   """What the system says every record of it must tell a reader (e.g. that tf_tput
   never exercised its path); None when nothing."""
-  return getattr(load(name), "caveat", None)
+  return load(name).caveat
 
 
 def check_data_parallel(name: str, experiment, why: str) -> None:
@@ -242,11 +288,10 @@ def check_strategy(name: str, strategy: str, experiment,
   system = load(name)
   # Here, not in check_experiment: tf_tput.parity compares a scanned system with
   # unscanned ones (scanning keeps the arithmetic), train and suites refuse it.
-  if experiment.model.scan_layers and not getattr(system, "scans_layers", False):
-    able = [other for other in REGISTRY if getattr(load(other), "scans_layers", False)]
+  if experiment.model.scan_layers and not system.scans_layers:
     raise UsageError(f"ModelConfig.scan_layers = True: --system={name} runs the layers "
                      f"one by one; drop the binding, or use --system="
-                     f"{' or --system='.join(able)}")
+                     f"{' or --system='.join(able('scans_layers'))}")
   if strategy not in system.strategies:
     raise UsageError(f"--strategy={strategy} is not one --system={name} runs under; "
                      f"it runs under {', '.join(system.strategies)}" + (

@@ -28,8 +28,10 @@ import optax
 
 from tf_tput import models
 from tf_tput.config import ModelConfig
-from tf_tput.systems.tensorflow.mtf.numerics import (
-    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
+from tf_tput.numerics import (
+    ADAFACTOR_CLIPPING_THRESHOLD, ADAFACTOR_DECAY_EXPONENT, ADAFACTOR_EPSILON1, MASK_BIAS,
+    RMS_NORM_EPSILON, Z_LOSS, adafactor_learning_rate, initializer,
+    relative_position_bucket, sequence_id_of)
 
 Constrain = Callable[[jax.Array, tuple], jax.Array]
 
@@ -259,6 +261,10 @@ def _loss(embedding, x, targets, constrain):
   return jnp.sum(loss * weights) * (1.0 / targets.size)
 
 
+def _sequence_id(batch, key, ids):
+  return jnp.asarray(sequence_id_of(batch, key, ids, jnp.minimum), jnp.int32)
+
+
 def loss_fn(params: dict, batch: dict, m: ModelConfig,
             constrain: Optional[Constrain] = None) -> jax.Array:
   """The training loss mtf's call_simple(..., compute_loss=True, mode="train") returns.
@@ -273,9 +279,7 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
   dtype = jnp.dtype(m.activation_dtype)
   p = {name: value.astype(dtype) for name, value in params.items()}
   targets = jnp.asarray(batch["targets"], jnp.int32)
-  # Without packing, padding (id 0) is its own sequence: sequence_id = min(ids, 1).
-  targets_sequence_id = (jnp.asarray(batch["targets_segmentation"], jnp.int32)
-                         if "targets_segmentation" in batch else jnp.minimum(targets, 1))
+  targets_sequence_id = _sequence_id(batch, "targets", targets)
   decoder_inputs = autoregressive_inputs(targets, targets_sequence_id)
   if m.arch == "decoder":  # a causal Unitransformer named "decoder" (systems/tensorflow/mtf/model.py)
     embedding = p["decoder/embedding"]
@@ -285,8 +289,7 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
   # transformer.Bitransformer.call_simple: encoder, then the decoder attending to it.
   embedding = p["shared/embedding"]
   inputs = jnp.asarray(batch["inputs"], jnp.int32)
-  inputs_sequence_id = (jnp.asarray(batch["inputs_segmentation"], jnp.int32)
-                        if "inputs_segmentation" in batch else jnp.minimum(inputs, 1))
+  inputs_sequence_id = _sequence_id(batch, "inputs", inputs)
   encoder_output = _stack(p, "encoder", _embed(embedding, inputs, constrain, m.embedding),
                           inputs_sequence_id, m, constrain, causal=False)
   x = _stack(p, "decoder", _embed(embedding, decoder_inputs, constrain, m.embedding),
@@ -299,12 +302,10 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
 # Optimizer.
 
 def _learning_rate(count):
-  """AdafactorOptimizer._learning_rate_default: min(rsqrt(step + 1), 0.01).
-
-  optax counts updates from 0; mtf's trainer increments its global step after the
-  update, so update k reads step k in both.
-  """
-  return jnp.minimum(jax.lax.rsqrt(jnp.asarray(count, jnp.float32) + 1.0), 0.01)
+  """numerics.adafactor_learning_rate. optax counts updates from 0; mtf's trainer
+  increments its global step after the update, so update k reads step k in both."""
+  return adafactor_learning_rate(jnp.asarray(count, jnp.float32), jax.lax.rsqrt,
+                                 jnp.minimum)
 
 
 def adafactor() -> optax.GradientTransformation:
@@ -314,7 +315,9 @@ def adafactor() -> optax.GradientTransformation:
   v = decay * v + (1 - decay) * (g^2 + 1e-30) with decay = 1 - (step + 1)^-0.8;
   factored (row / column means, the row factor normalized by its mean) when the two
   largest dimensions are both >= 128; update g * rsqrt(v) clipped to RMS 1; times
-  the learning rate and max(rms(param), 1e-3); beta1 = 0 (no momentum).
+  the learning rate and max(rms(param), 1e-3); beta1 = 0 (no momentum). The
+  constants are tf_tput.numerics' ADAFACTOR_*, but for the 1e-3: optax's own
+  scale_by_param_block_rms default, which adafactor() does not take.
   Differences are floating-point rounding only (mtf divides by multiplying with a
   reciprocal and multiplies lr into the parameter scale first); with bfloat16
   activations mtf also takes the parameter scale of the bfloat16-rounded value.
@@ -322,5 +325,6 @@ def adafactor() -> optax.GradientTransformation:
   return optax.adafactor(
       learning_rate=_learning_rate,
       min_dim_size_to_factor=models.ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR,
-      decay_rate=0.8, decay_offset=0, multiply_by_parameter_scale=True,
-      clipping_threshold=1.0, momentum=None, eps=1e-30, factored=True)
+      decay_rate=ADAFACTOR_DECAY_EXPONENT, decay_offset=0,
+      multiply_by_parameter_scale=True, clipping_threshold=ADAFACTOR_CLIPPING_THRESHOLD,
+      momentum=None, eps=ADAFACTOR_EPSILON1, factored=True)

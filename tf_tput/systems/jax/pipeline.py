@@ -51,6 +51,7 @@ import numpy as np
 
 from tf_tput import models, pipeline
 from tf_tput.config import mesh_size
+from tf_tput.numerics import check_variable_names, sequence_id_of
 from tf_tput.systems.jax.trainer import device_mesh, local_peak_bytes, partition_spec
 from tf_tput import systems
 
@@ -156,7 +157,6 @@ def pipeline_loss(params: dict, batch: dict, m, stages: int, slots: np.ndarray,
 
   def per_stage(blocks, shared, valid, batch):
     targets = batch["targets"]
-    segmentation = batch.get("targets_segmentation")
     # Variables cast once to the activation dtype, as loss_fn does.
     blocks = {k: v[0].astype(dtype) for k, v in blocks.items()}   # [Lmax, ...]
     # Made per-stage here, outside every cond and scan: the transpose of this pcast is
@@ -165,7 +165,7 @@ def pipeline_loss(params: dict, batch: dict, m, stages: int, slots: np.ndarray,
     shared = {k: varying(v.astype(dtype)) for k, v in shared.items()}
     valid = valid[0]
     stage = lax.axis_index(STAGE)
-    sequence_ids = segmentation if segmentation is not None else jnp.minimum(targets, 1)
+    sequence_ids = sequence_id_of(batch, "targets", targets, jnp.minimum)
 
     def layer(x, weights_and_valid, nonpadding, bias):
       """One block of jax_model._stack: norm, mask, attention, residual; norm, mask,
@@ -257,6 +257,8 @@ def link_bytes(experiment, num_islands: int):
 
 class JaxPipelineTrainer(systems.Trainer):
   """JaxTrainer's interface over a pipeline: stacked weights sharded over 'stage'."""
+  synchronous_step = False  # dispatch() leaves the loss on the device, pending
+  compiles_ahead = True     # compile(): the loop's first batch, timed as compile_s
 
   def __init__(self, experiment, topology):
     import jax
@@ -371,9 +373,7 @@ class JaxPipelineTrainer(systems.Trainer):
     """Stacks {mtf name: value} onto the stages and resets Adafactor."""
     expected = {block_name(int(l), k) for k in BLOCK_WEIGHTS
                 for l in self._slots.flat if l >= 0} | set(SHARED)
-    mismatched = expected ^ set(values)
-    if mismatched:
-      raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
+    check_variable_names(expected, values)
     stacked = stack_params({k: np.asarray(v, np.float32) for k, v in values.items()},
                            self._slots)
     self._params = self._jax.tree.map(

@@ -6,11 +6,11 @@ hierarchical reduction, pipeline.py a GPipe pipeline over a 'stage' mesh axis.
 Each is imported only when chosen; none imports this module.
 """
 
-
+from tf_tput import systems
 from tf_tput.systems.jax import runtime as jax_runtime
 
 
-class JaxSystem:
+class JaxSystem(systems.System):
   name = "jax"
   runtime = jax_runtime.RUNTIME
   distributions = {"jax": ("jax",)}

@@ -25,6 +25,7 @@ import numpy as np
 
 from tf_tput import models
 from tf_tput import systems
+from tf_tput.numerics import check_variable_names
 
 
 def partition_spec(dim_names, layout: dict, mesh_axes):
@@ -60,6 +61,8 @@ def local_peak_bytes(jax) -> Optional[int]:
 
 class JaxTrainer(systems.Trainer):
   """Parameters and Adafactor state sharded over a Mesh; step() runs one jitted update."""
+  synchronous_step = False  # dispatch() leaves the loss on the device, pending
+  compiles_ahead = True     # compile(): the loop's first batch, timed as compile_s
 
   def __init__(self, experiment, topology):
     import jax
@@ -141,9 +144,7 @@ class JaxTrainer(systems.Trainer):
 
   def load_variables(self, values: dict) -> None:
     """Replaces the parameters (e.g. the TF baseline's initial values) and resets Adafactor."""
-    mismatched = set(self._param_shardings) ^ set(values)
-    if mismatched:
-      raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
+    check_variable_names(self._param_shardings, values)
     self._params = {k: self._jax.make_array_from_callback(
         np.shape(values[k]), self._param_shardings[k],
         functools.partial(operator.getitem, np.asarray(values[k], np.float32)))

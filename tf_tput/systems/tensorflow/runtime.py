@@ -37,6 +37,7 @@ class TfRuntime(runtime_lib.Runtime):
   name = "tf"
   finds_local_tpus = False  # TF reaches a TPU through --strategy=tpu only
   serves_workers = True     # tf.distribute.Server processes (tf_workers)
+  chief_drives_workers = True  # mtf's chief: train's other processes serve_worker
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     launch = topology_lib.launched()

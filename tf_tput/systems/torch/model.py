@@ -25,8 +25,10 @@ import torch
 from tf_tput import models
 from tf_tput.config import ModelConfig
 from tf_tput.systems.torch import gemm
-from tf_tput.systems.tensorflow.mtf.numerics import (
-    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
+from tf_tput.numerics import (
+    ADAFACTOR_CLIPPING_THRESHOLD, ADAFACTOR_EPSILON1, ADAFACTOR_EPSILON2, MASK_BIAS,
+    RMS_NORM_EPSILON, Z_LOSS, adafactor_decay_rate, adafactor_learning_rate,
+    factored_dims, initializer, relative_position_bucket, sequence_id_of)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -127,7 +129,7 @@ def _relative_positions_cached(length: int, causal: bool, num_buckets: int) -> t
 def _relative_positions(length: int, causal: bool, num_buckets: int) -> tuple:
   """(relative position memory - query, its bucket), int32 CPU tensors [length,
   length]: they depend only on the length, so they are computed once, in numpy
-  (tensorflow/mtf/numerics.py). Under torch.compile they are constants of the graph
+  (tf_tput/numerics.py). Under torch.compile they are constants of the graph
   (mark_compile_constants)."""
   return _relative_positions_cached(length, causal, num_buckets)
 
@@ -229,12 +231,13 @@ def _loss(embedding, x, targets, denominator):
   return torch.sum(loss * weights) * (1.0 / denominator)
 
 
+def _minimum(x, bound):
+  """min(x, bound) for a Python number bound (torch.minimum takes tensors only)."""
+  return torch.clamp(x, max=bound)
+
+
 def _sequence_id(batch, key, ids):
-  """Packed rows carry "{key}_segmentation"; otherwise padding (id 0) is its own
-  sequence: sequence_id = min(ids, 1)."""
-  if f"{key}_segmentation" in batch:
-    return batch[f"{key}_segmentation"].to(torch.int32)
-  return torch.clamp(ids, max=1)
+  return sequence_id_of(batch, key, ids, _minimum).to(torch.int32)
 
 
 def loss_fn(params: dict, batch: dict, m: ModelConfig,
@@ -275,46 +278,21 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
 # --------------------------------------------------------------------------------------
 # Optimizer.
 
-def factored_dims(shape: tuple) -> Optional[tuple]:
-  """AdafactorOptimizer._factored_dims: the axes of the two largest dimensions (largest
-  first, the earlier on ties: Python's sort is stable), when both are at least
-  ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR; else None (a full second moment)."""
-  if len(shape) < 2:
-    return None
-  by_size = sorted(range(len(shape)), key=lambda axis: -shape[axis])
-  if shape[by_size[1]] < models.ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR:
-    return None
-  return by_size[0], by_size[1]
-
-
 def _reduce_rms(x):
   """optimize.reduce_rms: sqrt(mtf.reduce_mean(x^2)), the mean a sum times 1 / size."""
   return torch.sqrt(torch.sum(torch.square(x)) * (1.0 / x.numel()))
 
 
-def learning_rate(step):
-  """AdafactorOptimizer._learning_rate_default: min(rsqrt(step + 1), 0.01); step k is
-  the global step the update reads (mtf's trainer increments it after the update)."""
-  return torch.clamp(torch.rsqrt(step + 1.0), max=0.01)
-
-
-def decay_rate(step):
-  """optimize.adafactor_decay_rate_pow(exponent=0.8, offset=0): 1 - (step + 1)^-0.8."""
-  return 1.0 - torch.pow(step + 1.0, -0.8)
-
-
 class Adafactor:
   """mtf.optimize.AdafactorOptimizer() with its defaults, written out in torch.
 
-  multiply_by_parameter_scale=True (epsilon2 1e-3), learning rate min(0.01,
-  rsqrt(step + 1)), decay 1 - (step + 1)^-0.8, beta1 0 (no momentum slot), clipping
-  threshold 1.0, factored=True with min_dim_size_to_factor
-  ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR, epsilon1 1e-30. update() follows
-  AdafactorOptimizer.apply_grad operation by operation, as tensorflow/tf2/model.py's Adafactor does,
-  with mtf's lowering of its arithmetic: reduce_mean is a sum times a Python float, a
-  division by a tensor is a multiplication by its reciprocal. With bfloat16
-  activations the parameter scale reads the bfloat16-rounded value (mtf's var.value
-  is the activation-dtype cast).
+  The defaults, the factoring and the schedules are tf_tput.numerics' (ADAFACTOR_*,
+  factored_dims, adafactor_learning_rate, adafactor_decay_rate); beta1 0 (no momentum
+  slot). update() follows AdafactorOptimizer.apply_grad operation by operation, as
+  tensorflow/tf2/model.py's Adafactor does, with mtf's lowering of its arithmetic:
+  reduce_mean is a sum times a Python float, a division by a tensor is a
+  multiplication by its reciprocal. With bfloat16 activations the parameter scale
+  reads the bfloat16-rounded value (mtf's var.value is the activation-dtype cast).
 
   Not transformers' Adafactor: it factors every variable of rank >= 2 over its last
   two axes (mtf only when the two largest are both >= 128, over those) and computes
@@ -349,9 +327,9 @@ class Adafactor:
   @torch.no_grad()
   def update(self, params: dict, grads: dict) -> None:
     """One AdafactorOptimizer.apply_grad for every variable, in place; then step += 1."""
-    decay = decay_rate(self.step)
+    decay = adafactor_decay_rate(self.step)
     mixing_rate = 1.0 - decay
-    lr = learning_rate(self.step)
+    lr = adafactor_learning_rate(self.step, torch.rsqrt, _minimum)
     for name, var in params.items():
       self._apply_grad(var, grads[name].float(), self.slots[name], decay, mixing_rate,
                        lr)
@@ -361,10 +339,10 @@ class Adafactor:
     """AdafactorOptimizer.apply_grad; in-place arithmetic where mtf's values allow it
     (each product and sum is mtf's), so an eager step allocates few whole-variable
     temporaries."""
-    grad_squared = torch.square(grad).add_(1e-30)
+    grad_squared = torch.square(grad).add_(ADAFACTOR_EPSILON1)
     old_val = (var if self._activation_dtype == torch.float32
                else var.to(self._activation_dtype).float())
-    update_scale = torch.clamp(_reduce_rms(old_val), min=1e-3) * lr
+    update_scale = torch.clamp(_reduce_rms(old_val), min=ADAFACTOR_EPSILON2) * lr
     dims = factored_dims(tuple(var.shape))
     if dims:
       d0, d1 = dims
@@ -383,5 +361,6 @@ class Adafactor:
       v = slots["v"]
       v.mul_(decay).add_(grad_squared.mul_(mixing_rate))
       x = torch.rsqrt(v).mul_(grad)
-    clipping_denom = torch.clamp(_reduce_rms(x) * (1.0 / 1.0), min=1.0)
+    clipping_denom = torch.clamp(_reduce_rms(x) * (1.0 / ADAFACTOR_CLIPPING_THRESHOLD),
+                                 min=1.0)
     var.sub_(x.mul_(torch.reciprocal(clipping_denom)).mul_(update_scale))

@@ -49,7 +49,7 @@ def chosen_options() -> TorchOptions:
   return chosen
 
 
-class TorchSystem:
+class TorchSystem(systems.System):
   name = "torch"
   runtime = torch_runtime.RUNTIME
   distributions = {"torch": ("torch",)}

@@ -22,6 +22,7 @@ import numpy as np
 
 from tf_tput import models
 from tf_tput import systems
+from tf_tput.numerics import check_variable_names
 
 
 def all_reduce_link_bytes(experiment, member_islands: list) -> int:
@@ -99,9 +100,7 @@ class TorchTrainer(systems.Trainer):
 
   def load_variables(self, values: dict) -> None:
     """Replaces the parameters (e.g. the TF baseline's initial values) and resets Adafactor."""
-    mismatched = set(self._names) ^ set(values)
-    if mismatched:
-      raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
+    check_variable_names(self._names, values)
     for name in self._names:
       if tuple(np.shape(values[name])) != tuple(self._params[name].shape):
         raise ValueError(f"{name} has shape {np.shape(values[name])}, the model's "

@@ -13,11 +13,11 @@ train as a GPipe pipeline, one mesh per stage (pipeline.py); across islands the
 gradients are reduced hierarchically (islands.py).
 """
 
-from tf_tput import errors
+from tf_tput import errors, systems
 from tf_tput.systems.tensorflow import runtime as tf_runtime
 
 
-class MtfSystem:
+class MtfSystem(systems.System):
   name = "mtf"
   runtime = tf_runtime.RUNTIME
   distributions = {"tensorflow": ("tensorflow", "tensorflow-cpu"),

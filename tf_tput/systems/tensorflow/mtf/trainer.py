@@ -9,6 +9,7 @@ import time
 from typing import Optional
 
 from tf_tput import compat, errors
+from tf_tput.numerics import check_variable_names
 from tf_tput.runtime import islands
 from tf_tput.systems.tensorflow import cluster, runtime as tf_runtime
 from tf_tput.systems.tensorflow.mtf import model as mtf_model
@@ -135,11 +136,7 @@ class MtfTrainer(systems.Trainer):
   def load_variables(self, values: dict) -> None:
     """Sets the trainable variables from {mtf variable name: numpy array} (every one,
     as export_variables gives them); the optimizer's slots are left as they are."""
-    missing, unknown = set(self._loads) - set(values), set(values) - set(self._loads)
-    if missing or unknown:
-      raise ValueError(f"load_variables: no value for {sorted(missing)[:3]}, no "
-                       f"variable for {sorted(unknown)[:3]} ({len(missing)} and "
-                       f"{len(unknown)} of {len(self._loads)} variables)")
+    check_variable_names(self._loads, values)
     feed = {placeholder: values[name] for name, (placeholder, _) in self._loads.items()}
     self._session.run([assign for _, assign in self._loads.values()], feed_dict=feed)
     self._session.run(self._copy_masters_to_slices)

@@ -23,8 +23,10 @@ import tensorflow as tf
 
 from tf_tput import models
 from tf_tput.config import ModelConfig
-from tf_tput.systems.tensorflow.mtf.numerics import (
-    MASK_BIAS, RMS_NORM_EPSILON, Z_LOSS, initializer, relative_position_bucket)
+from tf_tput.numerics import (
+    ADAFACTOR_CLIPPING_THRESHOLD, ADAFACTOR_EPSILON1, ADAFACTOR_EPSILON2, MASK_BIAS,
+    RMS_NORM_EPSILON, Z_LOSS, adafactor_decay_rate, adafactor_learning_rate,
+    factored_dims, initializer, relative_position_bucket, sequence_id_of)
 
 
 # --------------------------------------------------------------------------------------
@@ -195,11 +197,7 @@ def _loss(embedding, x, targets, denominator):
 
 
 def _sequence_id(batch, key, ids):
-  """Packed rows carry "{key}_segmentation"; otherwise padding (id 0) is its own
-  sequence: sequence_id = min(ids, 1)."""
-  if f"{key}_segmentation" in batch:
-    return tf.cast(batch[f"{key}_segmentation"], tf.int32)
-  return tf.minimum(ids, 1)
+  return tf.cast(sequence_id_of(batch, key, ids, tf.minimum), tf.int32)
 
 
 def loss_fn(params: dict, batch: dict, m: ModelConfig,
@@ -240,48 +238,31 @@ def loss_fn(params: dict, batch: dict, m: ModelConfig,
 # --------------------------------------------------------------------------------------
 # Optimizer.
 
-def factored_dims(shape: tuple) -> Optional[tuple]:
-  """AdafactorOptimizer._factored_dims: the axes of the two largest dimensions (largest
-  first, the earlier on ties: Python's sort is stable), when both are at least
-  ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR; else None (a full second moment)."""
-  if len(shape) < 2:
-    return None
-  by_size = sorted(range(len(shape)), key=lambda axis: -shape[axis])
-  if shape[by_size[1]] < models.ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR:
-    return None
-  return by_size[0], by_size[1]
-
-
 def _reduce_rms(x):
   """optimize.reduce_rms: sqrt(mtf.reduce_mean(x^2)), the mean a sum times 1 / size."""
   return tf.sqrt(tf.reduce_sum(tf.square(x)) * (1.0 / int(np.prod(x.shape))))
 
 
 def learning_rate(step):
-  """AdafactorOptimizer._learning_rate_default: min(rsqrt(step + 1), 0.01); step k is
-  the global step the update reads (mtf's trainer increments it after the update)."""
-  step = tf.cast(step, tf.float32)
-  return tf.minimum(tf.math.rsqrt(step + 1.0), 0.01)
+  """numerics.adafactor_learning_rate of the global step (any integer or tensor)."""
+  return adafactor_learning_rate(tf.cast(step, tf.float32), tf.math.rsqrt, tf.minimum)
 
 
 def decay_rate(step):
-  """optimize.adafactor_decay_rate_pow(exponent=0.8, offset=0): 1 - (step + 1)^-0.8."""
-  step = tf.cast(step, tf.float32)
-  return 1.0 - tf.pow(step + 1.0, -0.8)
+  """numerics.adafactor_decay_rate of the global step (any integer or tensor)."""
+  return adafactor_decay_rate(tf.cast(step, tf.float32))
 
 
 class Adafactor:
   """mtf.optimize.AdafactorOptimizer() with its defaults, written out in TF.
 
-  multiply_by_parameter_scale=True (epsilon2 1e-3), learning rate min(0.01,
-  rsqrt(step + 1)), decay 1 - (step + 1)^-0.8, beta1 0 (no momentum slot), clipping
-  threshold 1.0, factored=True with min_dim_size_to_factor
-  ADAFACTOR_MIN_DIM_SIZE_TO_FACTOR, epsilon1 1e-30. apply_grad follows
-  AdafactorOptimizer.apply_grad operation by operation, with mtf's lowering of its
-  arithmetic: reduce_mean is a sum times a Python float, a division by a tensor is a
-  multiplication by its reciprocal, assign_sub (not assign) updates the variable. With
-  bfloat16 activations the parameter scale reads the bfloat16-rounded value (mtf's
-  var.value is the activation-dtype cast).
+  The defaults, the factoring and the schedules are tf_tput.numerics' (ADAFACTOR_*,
+  factored_dims, adafactor_learning_rate, adafactor_decay_rate); beta1 0 (no momentum
+  slot). apply_grad follows AdafactorOptimizer.apply_grad operation by operation, with
+  mtf's lowering of its arithmetic: reduce_mean is a sum times a Python float, a
+  division by a tensor is a multiplication by its reciprocal, assign_sub (not assign)
+  updates the variable. With bfloat16 activations the parameter scale reads the
+  bfloat16-rounded value (mtf's var.value is the activation-dtype cast).
 
   Not tf.keras.optimizers.Adafactor: Keras 3's (keras/src/optimizers/adafactor.py)
   factors every variable of rank >= 2 over its last two axes (mtf only when the two
@@ -307,9 +288,9 @@ class Adafactor:
     """AdafactorOptimizer.apply_grad: updates var (and its slots) in place."""
     grad = tf.cast(grad, tf.float32)
     decay = decay_rate(step)
-    grad_squared = tf.square(grad) + 1e-30
+    grad_squared = tf.square(grad) + ADAFACTOR_EPSILON1
     old_val = tf.cast(tf.cast(var, self._activation_dtype), tf.float32)
-    update_scale = tf.maximum(_reduce_rms(old_val), 1e-3) * learning_rate(step)
+    update_scale = tf.maximum(_reduce_rms(old_val), ADAFACTOR_EPSILON2) * learning_rate(step)
     mixing_rate = 1.0 - decay
     dims = factored_dims(tuple(var.shape))
     if dims:
@@ -334,6 +315,6 @@ class Adafactor:
       new_v = v * decay + grad_squared * mixing_rate
       v.assign(new_v)
       x = grad * tf.math.rsqrt(new_v)
-    clipping_denom = tf.maximum(1.0, _reduce_rms(x) * (1.0 / 1.0))
+    clipping_denom = tf.maximum(1.0, _reduce_rms(x) * (1.0 / ADAFACTOR_CLIPPING_THRESHOLD))
     x = x * tf.math.reciprocal(clipping_denom)
     var.assign_sub(x * update_scale)

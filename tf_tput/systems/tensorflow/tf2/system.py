@@ -28,6 +28,7 @@ import numpy as np
 
 from tf_tput import models, systems
 from tf_tput.errors import UsageError
+from tf_tput.numerics import check_variable_names
 from tf_tput.systems.tensorflow import runtime as tf_runtime
 
 
@@ -137,9 +138,7 @@ class Tf2Trainer(systems.Trainer):
 
   def load_variables(self, values: dict) -> None:
     """Replaces the parameters (e.g. mtf's initial values) and resets Adafactor."""
-    mismatched = set(self._names) ^ set(values)
-    if mismatched:
-      raise ValueError(f"variables differ from the model's: {sorted(mismatched)[:5]}")
+    check_variable_names(self._names, values)
     for name in self._names:
       self._vars[name].assign(np.asarray(values[name], np.float32))
       for slot in self._slots[name].values():
@@ -156,7 +155,7 @@ class Tf2Trainer(systems.Trainer):
     self._vars = self._slots = self._train_step = None
 
 
-class Tf2System:
+class Tf2System(systems.System):
   name = "tf2"
   runtime = tf_runtime.RUNTIME
   distributions = {"tensorflow": ("tensorflow", "tensorflow-cpu")}

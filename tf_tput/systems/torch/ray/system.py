@@ -43,7 +43,7 @@ def chosen_placement() -> str:
   return placement
 
 
-class RaySystem:
+class RaySystem(systems.System):
   name = "ray"
   runtime = ray_runtime.RUNTIME
   distributions = {"ray": ("ray",), "torch": ("torch",)}
