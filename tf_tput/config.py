@@ -341,9 +341,10 @@ CHOICES = {
 }
 # Text fields that may be empty: '' is "none" (a layout without rules; no tfds name).
 MAY_BE_EMPTY = ("MeshConfig.layout", "DataConfig.tfds_name")
-# tf_tput.train flags that set a binding, named beside it.
-FLAG_OF = {"TrainConfig.global_batch": "--global_batch", "TrainConfig.steps": "--steps",
-           "TrainConfig.warmup_steps": "--warmup_steps"}
+# tf_tput.train flags that set a binding, named beside it; a run applies them after
+# --gin_param, in this order (tf_tput/request.py), which the run key keeps.
+FLAG_OF = {"TrainConfig.steps": "--steps", "TrainConfig.warmup_steps": "--warmup_steps",
+           "TrainConfig.global_batch": "--global_batch"}
 
 
 def field_label(binding: str) -> str:

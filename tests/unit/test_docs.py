@@ -42,9 +42,10 @@ ENTRY_POINTS = {
     "tf_tput.overhead": "tf_tput.overhead",
     "tf_tput.micro": "tf_tput.micro.__main__",
 }
-# Modules with flags that users do not run: processes the entry points start, and
-# entry.py, whose flags every entry point has (listed under each).
-INTERNAL_FLAG_MODULES = {"tf_tput.micro.jax_host", "tf_tput.entry"}
+# Modules with flags that users do not run: processes the entry points start,
+# entry.py, whose flags every entry point has (listed under each), and request.py,
+# which defines tf_tput.train's as that module's own.
+INTERNAL_FLAG_MODULES = {"tf_tput.micro.jax_host", "tf_tput.entry", "tf_tput.request"}
 
 
 # --- markdown helpers ---------------------------------------------------------------

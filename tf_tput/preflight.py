@@ -1,0 +1,212 @@
+"""A run's request checked before any framework starts (check): every flag, the gin
+files and the environment the launcher gave, so that what fails here is one error line
+and exit 2 with nothing run. A run that passes ends in a record (tf_tput/train.py)."""
+
+import dataclasses
+import os
+from typing import Optional
+
+from absl import logging
+
+from tf_tput import config, data, systems
+from tf_tput.errors import UsageError
+from tf_tput.measure import gemm
+from tf_tput.records import results
+from tf_tput.request import Request, cache_systems
+from tf_tput.runtime import islands, topology as topology_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  """What check() found: the run's experiment, its TPU's address (None: no TPU), the
+  lines of --results that are not records, and the compilation cache's directory
+  (None: off, or a runtime with none)."""
+  experiment: config.Experiment
+  tpu_address: Optional[str]
+  malformed: list
+  cache_dir: Optional[str]
+
+
+def experiment_of(request: Request) -> config.Experiment:
+  return config.load_experiment(request.gin_file, request.bindings(),
+                                systems.options(request.system))
+
+
+# The longest --cluster_timeout_s (11.6 days): every framework's clock takes it.
+MAX_TIMEOUT_S = 1e6
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+  try:
+    os.makedirs(path, exist_ok=True)
+    if not os.access(path, os.W_OK):
+      raise PermissionError(13, "Permission denied")
+  except OSError as e:
+    raise UsageError(f"{flag}={path} is not a writable directory ({e.strerror}); "
+                     "choose another") from None
+
+
+def _check_strategy(request: Request, experiment):
+  """Checks the --strategy flags before any framework starts (the config's part in
+  systems.check_strategy, which a suite's validation shares; the environment's part
+  the system's runtime checks); the TPU's address or None."""
+  strategy, system = request.strategy, systems.load(request.system)
+  systems.check_strategy(request.system, strategy, experiment, request.num_cpu_devices)
+  system.runtime.check(strategy, system.every_worker, request.cluster_timeout_s)
+  tpu_flags = {"tpu": request.tpu, "tpu_zone": request.tpu_zone,
+               "gcp_project": request.gcp_project}
+  if request.tpu_type:
+    from tf_tput.runtime import tpu
+    tpu.kind_from_type(request.tpu_type)
+    if strategy != "tpu" and not (strategy == "local" and system.runtime.finds_local_tpus):
+      local = [name for name in systems.REGISTRY
+               if systems.load(name).runtime.finds_local_tpus]
+      raise UsageError(f"--tpu_type applies to TPUs: --strategy=tpu, or on a TPU host "
+                       f"--system={' or --system='.join(local)}; not --system="
+                       f"{request.system} --strategy={strategy}")
+  if strategy != "tpu":
+    given = [name for name, value in tpu_flags.items() if value]
+    if given:
+      raise UsageError(f"--{given[0]} applies to --strategy=tpu, not --strategy={strategy}")
+    return None
+  from tf_tput.runtime import tpu
+  return tpu.address_from_flags(**tpu_flags)
+
+
+def _check_islands(request: Request, experiment) -> None:
+  """Processes tf_tput.launch --islands put in islands train data parallel across them,
+  or as a pipeline whose stages split across them (islands.check_mesh)."""
+  num_islands = topology_lib.launched_islands()
+  if not num_islands:
+    return
+  if not systems.load(request.system).islands:
+    able = [name for name in systems.REGISTRY if systems.load(name).islands]
+    raise UsageError(f"--system={request.system} does not train across islands; use "
+                     f"--system={' or --system='.join(able)} under tf_tput.launch "
+                     "--islands")
+  islands.check_mesh(experiment, num_islands, systems.load(request.system).islands,
+                     (request.num_cpu_devices or 0) * topology_lib.launched_processes()[0]
+                     or None)
+
+
+def _check_host_memory(experiment) -> None:
+  """The batches are built on this host before the clock starts: refused here when
+  they need more memory than the host has, not by an allocation failure later."""
+  needed = data.host_bytes(experiment)
+  try:
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):  # no sysconf: nothing to compare with
+    return
+  if needed > host:
+    t = experiment.train
+    raise UsageError(
+        f"{config.field_label('TrainConfig.global_batch')} = {t.global_batch}: its batches "
+        f"need {needed / 2 ** 30:,.1f} GiB of host memory to build, more than this host's "
+        f"{host / 2 ** 30:,.1f} GiB; pass a smaller --global_batch")
+
+
+# The compilation cache's place under the user's cache directory (XDG base directories:
+# $XDG_CACHE_HOME, else ~/.cache); the runtime keeps its own subdirectory there.
+CACHE_SUBDIR = os.path.join("tf_tput", "compilation")
+CACHE_OFF = ("", "none")  # --compilation_cache_dir values that turn it off
+
+
+def user_cache() -> str:
+  """The user's cache directory (XDG base directories: $XDG_CACHE_HOME, else
+  ~/.cache)."""
+  base = os.environ.get("XDG_CACHE_HOME", "")
+  if not os.path.isabs(base):  # unset, or relative (which the spec says to ignore)
+    base = os.path.join(os.path.expanduser("~"), ".cache")
+  return base
+
+
+def _compilation_cache_dir(named: Optional[str]) -> Optional[str]:
+  """The compilation cache's directory (None: off), created: a --compilation_cache_dir
+  that is not writable is a usage error; the default one, a warning and no cache."""
+  if named is not None and named.strip().lower() in CACHE_OFF:
+    return None
+  if named is not None:
+    check_writable_dir(named, "--compilation_cache_dir")
+    return named
+  path = os.path.join(user_cache(), CACHE_SUBDIR)
+  try:
+    check_writable_dir(path, "--compilation_cache_dir")
+  except UsageError as e:
+    logging.warning("running without a compilation cache: %s", e)
+    return None
+  return path
+
+
+def check(request: Request) -> Checked:
+  """Everything the request and its gin files ask for, checked before any framework
+  starts."""
+  systems.check_name(request.system)
+  experiment = experiment_of(request)
+  systems.check_experiment(request.system, experiment)
+  num_processes, process_id = topology_lib.launched_processes()
+  for name in ("num_cpu_devices", "log_every"):
+    if getattr(request, name) is not None and getattr(request, name) < 1:
+      raise UsageError(f"--{name}={getattr(request, name)}; it must be >= 1")
+  for name in ("cluster_timeout_s", "step_timeout_s"):
+    timeout_s = getattr(request, name)
+    if timeout_s is not None and not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
+      raise UsageError(f"--{name}={timeout_s}; it must be > 0 (seconds) and at most "
+                       f"{MAX_TIMEOUT_S:g}")
+  tpu_address = _check_strategy(request, experiment)
+  _check_processes(request, systems.load(request.system))
+  gemm.check(systems.load(request.system).runtime, request.strategy,
+             experiment.model.activation_dtype, request.gemm)
+  _check_islands(request, experiment)
+  if request.num_cpu_devices is not None:
+    config.validate(experiment, num_devices=request.num_cpu_devices * num_processes,
+                    num_processes=num_processes)
+  if serves(request, systems.load(request.system)):  # a worker server: no record, no peak
+    return Checked(experiment, tpu_address, [], None)
+  _check_host_memory(experiment)
+  writes_record = process_id == 0
+  malformed = results.check_appendable(request.results) if writes_record else []
+  if request.tensorboard_dir and writes_record:
+    check_writable_dir(request.tensorboard_dir, "--tensorboard_dir")
+  if request.trace_dir:
+    if request.strategy not in systems.load(request.system).traces:
+      able = [f"--system={name} --strategy={'|'.join(systems.load(name).traces)}"
+              for name in systems.able("traces")]
+      raise UsageError(f"--trace_dir: --system={request.system} "
+                       f"--strategy={request.strategy}"
+                       f" has no trace; tracing runs under {'; '.join(able)}")
+    check_writable_dir(request.trace_dir, "--trace_dir")
+  for number, problem in malformed:
+    logging.warning("%s:%d is not a record (%s); left untouched", request.results, number,
+                    problem)
+  cache_dir = (_compilation_cache_dir(request.compilation_cache_dir)
+               if request.system in cache_systems() else None)
+  return Checked(experiment, tpu_address, malformed, cache_dir)
+
+
+def drives_servers(request: Request, system) -> bool:
+  """Whether the system's one process drives worker servers (mtf
+  --strategy=multi_worker): under a launcher of several processes (srun, a TF_CONFIG
+  job) process 0 is that chief and the others serve it."""
+  return request.strategy == "multi_worker" and systems.drives_worker_servers(system)
+
+
+def serves(request: Request, system) -> bool:
+  """Whether this process serves as a worker of the chief, process 0."""
+  return drives_servers(request, system) and topology_lib.launched_processes()[1] > 0
+
+
+def _check_processes(request: Request, system) -> None:
+  """The processes their launcher started, against what the system runs as."""
+  launch = topology_lib.launched()
+  num_processes = launch.num_processes
+  chief = drives_servers(request, system) and launch.launcher != "tf_tput.launch"
+  if num_processes > 1 and not system.multi_process and not chief:
+    raise UsageError(f"--system={request.system} runs as one process (a single "
+                     f"controller), not as {num_processes} processes of {launch.launcher}; "
+                     "for a cluster use tf_tput.launch --num_workers=N -- ... "
+                     "--strategy=multi_worker" + (
+                         ", or srun with --strategy=multi_worker (task 0 drives the "
+                         "others)" if systems.drives_worker_servers(system) else ""))
+  if num_processes > 1 and system.every_worker and request.strategy != "multi_worker":
+    raise UsageError(f"--system={request.system} runs as several processes only as the "
+                     "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")
