@@ -228,9 +228,12 @@ def run(request: Request) -> int:
     return _write(done, lambda o, *rest: record(topology, o, *rest), peak, peak_source,
                   new_outcome, run_id, request.results, malformed)
 
-  guard = watchdog.Watchdog(finish, request.step_timeout_s, process_id, progress=lambda: (
-      outcome.measurement.snapshot(), outcome.stage)).install()
-  try:
+  # The run's lifecycle: its place among the host's live runs and its watchdog (signals,
+  # hung steps) from here to its ending, which guard.end writes once, here or from the
+  # watchdog's thread.
+  with live, watchdog.Watchdog(finish, request.step_timeout_s, process_id,
+                               progress=lambda: (outcome.measurement.snapshot(),
+                                                 outcome.stage)) as guard:
     if writes_record:
       live.register()
     try:
@@ -271,16 +274,7 @@ def run(request: Request) -> int:
       logging.error("the run failed in its %s: %s", outcome.stage, errors.cause(e),
                     exc_info=not isinstance(e, (UsageError, TimeoutError)))
       _failed(outcome, f"{outcome.stage}: {errors.cause(e)}")
-    guard.watch(None)
-    ending = None
-    if guard.signum is not None:
-      ending = guard.signal_ending(outcome.measurement, outcome.stage)
-    if not guard.claim():
-      guard.wait_for_the_thread()
-    return finish(ending)
-  finally:
-    guard.close()
-    live.close()
+    return guard.end(outcome.measurement, outcome.stage)
 
 
 def _write(outcome: Outcome, record, peak, peak_source, new_outcome, run_id: str,

@@ -74,3 +74,18 @@ def test_a_stuck_run_is_recorded_with_its_stage_and_process_count():
       "to Python only when done)")
   assert stuck("train", 2).endswith("blocked in a step, e.g. in a collective whose peer "
                                     "has gone)")
+
+
+def test_the_run_ends_once_inside_the_context_and_the_handlers_come_back():
+  """`with Watchdog(...) as guard:` installs the handlers and the thread; guard.end
+  writes the ending here, once (the thread can no longer claim it); leaving the block
+  puts the handlers back as they were."""
+  before = {sig: signal.getsignal(sig) for sig in watchdog.SIGNALS}
+  endings = []
+  with watchdog.Watchdog(lambda ending, from_thread: endings.append(
+      (ending, from_thread)) or 7, None, num_processes=1) as guard:
+    assert all(signal.getsignal(sig) == guard._on_signal for sig in watchdog.SIGNALS)
+    assert guard.end(None, "train") == 7
+    assert not guard.claim()  # the ending is taken
+  assert endings == [(None, False)]
+  assert {sig: signal.getsignal(sig) for sig in watchdog.SIGNALS} == before

@@ -71,6 +71,13 @@ class LiveRun:
       told = set()
     return sorted((self.found | told) - {self.run_id})
 
+  def __enter__(self) -> "LiveRun":
+    return self
+
+  def __exit__(self, *raised) -> bool:
+    self.close()
+    return False
+
   def close(self) -> None:
     if self._fd is not None:
       try:

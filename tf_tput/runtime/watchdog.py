@@ -119,9 +119,10 @@ def window_bound(durations: list, step_timeout_s: Optional[float]) -> float:
 
 
 class Watchdog:
-  """Catches the ending signals and watches the measured loop, from install() to
-  close(). finish(ending, from_thread) writes the run's record (or nothing, in a process
-  that does not write one) and returns its exit code; it runs once, in whichever thread
+  """Catches the ending signals and watches the measured loop, as a context manager
+  (install() to close()) around the run, whose main thread ends it with end().
+  finish(ending, from_thread) writes the run's record (or nothing, in a process that
+  does not write one) and returns its exit code; it runs once, in whichever thread
   claims the ending first (claim()); from_thread: the main thread is still running,
   so read a snapshot of what it measured."""
 
@@ -184,10 +185,24 @@ class Watchdog:
     the loop has returned (what follows it is no window)."""
     self._measurement = measurement
 
-  def wait_for_the_thread(self) -> None:
-    """The thread claimed the ending and ends the process: wait for it."""
-    while True:
-      time.sleep(POLL_S)
+  def __enter__(self) -> "Watchdog":
+    return self.install()
+
+  def __exit__(self, *raised) -> bool:
+    self.close()
+    return False  # what was raised goes on
+
+  def end(self, measurement, stage: str) -> int:
+    """The main thread's ending of the run, once it is done: no more windows to
+    bound; interrupted if a signal came (signal_ending); then finish(ending) here,
+    unless the thread claimed the ending first, when it ends the process (this waits
+    for that). The exit code."""
+    self.watch(None)
+    ending = None if self.signum is None else self.signal_ending(measurement, stage)
+    if not self.claim():
+      while True:  # the thread writes the ending and ends the process
+        time.sleep(POLL_S)
+    return self._finish(ending, False)
 
   def claim(self) -> bool:
     """True once: the caller writes the ending; anyone later must not."""
