@@ -76,7 +76,7 @@ def _flags_reads(path: pathlib.Path) -> list:
 
 # Entry points whose flags still reach below main (issue 49 moves them, as train's).
 NOT_YET = {"launch.py", "overhead.py", "parity.py", "plan.py", "micro/__main__.py",
-           "micro/jax_host.py", "report/__main__.py", "suite/__main__.py"}
+           "micro/jax_host.py", "report/__main__.py"}
 
 
 def test_flags_are_read_only_in_an_entry_points_main():

@@ -13,6 +13,7 @@ interrupted, and the suite, keeping every record written so far; a resume reruns
 interrupted run.
 """
 
+import dataclasses
 import os
 import pathlib
 import re
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from absl import flags
 
@@ -56,6 +58,23 @@ flags.DEFINE_enum("share", shares.SHARES[0], shares.SHARES, "Which of the suite'
                   "array job every task claims its runs first (a claims directory "
                   "beside --results), and a run another live task holds is refused.")
 flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRequest:
+  """What the flags ask of the suite, read once in main(); the flags above hold each
+  one's default and help."""
+  suite: Optional[str]
+  results: Optional[str]
+  logs_dir: Optional[str]
+  dry_run: bool
+  run_timeout_s: float
+  train_flag: tuple
+  launcher: str
+  share: str
+  grace_s: float
+
 
 LOG_TAIL_LINES = 5
 
@@ -98,13 +117,14 @@ def _on_signal(signum, frame):
   raise _Terminated(signum)
 
 
-def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
+def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path,
+             request: SuiteRequest) -> str:
   """Runs one child; returns how it ended ("exit code 0", "timed out after ...")."""
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(
       [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
   env[processes.RUN_ID_ENV] = build.new_run_id()  # the run's processes share it
-  command = run.command(results_path, FLAGS.train_flag, FLAGS.launcher)
+  command = run.command(results_path, request.train_flag, request.launcher)
   with open(log_path, "wb") as log:
     log.write((processes.COMMAND_PREFIX + " ".join(command) + "\n").encode())
     log.flush()
@@ -113,11 +133,11 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path) -> str:
     child = processes.popen(command, stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     try:
-      code = child.wait(timeout=FLAGS.run_timeout_s)
+      code = child.wait(timeout=request.run_timeout_s)
     except subprocess.TimeoutExpired:
-      return f"timed out after --run_timeout_s={FLAGS.run_timeout_s:g}"
+      return f"timed out after --run_timeout_s={request.run_timeout_s:g}"
     finally:
-      processes.stop([child], FLAGS.grace_s)  # also on Ctrl-C; no orphans
+      processes.stop([child], request.grace_s)  # also on Ctrl-C; no orphans
   return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
@@ -136,8 +156,8 @@ def _outcome(ending: str, new_records: list, log_path) -> tuple:
   return record["status"], f"{record['status']}: {record['error']}"
 
 
-def _default_results(suite) -> str:
-  return FLAGS.results or os.path.join("results", f"{suite.name}.jsonl")
+def _default_results(suite, request: SuiteRequest) -> str:
+  return request.results or os.path.join("results", f"{suite.name}.jsonl")
 
 
 def dry_run(runs: list) -> int:
@@ -147,45 +167,47 @@ def dry_run(runs: list) -> int:
   return 0
 
 
-def run() -> int:
-  if not FLAGS.suite:
+def run(request: SuiteRequest) -> int:
+  if not request.suite:
     raise UsageError("no --suite given; pass e.g. --suite=table1_local "
                      f"(suites: {', '.join(suites.available())})")
-  if FLAGS.run_timeout_s <= 0 or FLAGS.grace_s < 0:
-    raise UsageError(f"--run_timeout_s={FLAGS.run_timeout_s:g} / --grace_s="
-                     f"{FLAGS.grace_s:g}; use a positive timeout and a grace >= 0")
-  suites.check_train_flags(FLAGS.train_flag)
-  suite = suites.load(FLAGS.suite)
+  if request.run_timeout_s <= 0 or request.grace_s < 0:
+    raise UsageError(f"--run_timeout_s={request.run_timeout_s:g} / --grace_s="
+                     f"{request.grace_s:g}; use a positive timeout and a grace >= 0")
+  suites.check_train_flags(request.train_flag)
+  suite = suites.load(request.suite)
   runs = suites.expand(suite)
   for r in runs:  # every run checked before the first starts
     suites.validate(r)
-    if FLAGS.launcher == "srun":
+    if request.launcher == "srun":
       r.command("", launcher="srun")  # what a Slurm step cannot be: UsageError
-  if FLAGS.launcher == "srun" and not FLAGS.dry_run and topology.launched().launcher != "slurm":
+  if (request.launcher == "srun" and not request.dry_run
+      and topology.launched().launcher != "slurm"):
     raise UsageError("--launcher=srun runs each run as a job step of the Slurm job the "
                      "suite runs in, and this process is in none; submit it with sbatch "
                      "(scripts/slurm/suite.sbatch) or run it inside salloc")
   allocation = launchers.slurm_allocation()
-  if FLAGS.launcher == "srun" and allocation is not None:
+  if request.launcher == "srun" and allocation is not None:
     # Every run of the suite, not only this array task's share: all tasks of an array
     # were submitted alike, so all of them run, or all refuse here.
     suites.check_allocation(runs, allocation)
   task = shares.array_task()
-  if FLAGS.share == "slurm_array":
+  if request.share == "slurm_array":
     if task is None:
       raise UsageError("--share=slurm_array runs this Slurm array task's share of the "
                        "suite, and this process is in no array job; submit it with "
                        "sbatch --array=0-N scripts/slurm/suite.sbatch")
     runs = shares.share(runs, task, suite.name)
-  if FLAGS.dry_run:
+  if request.dry_run:
     return dry_run(runs)
 
-  results_path = _default_results(suite)
+  results_path = _default_results(suite, request)
   malformed = results.check_appendable(results_path)
   for number, problem in malformed:
     print(f"warning: {results_path}:{number} is not a record ({problem}); left "
           "untouched", file=sys.stderr)
-  logs_dir = pathlib.Path(FLAGS.logs_dir or re.sub(r"\.jsonl$", "", results_path) + ".logs")
+  logs_dir = pathlib.Path(request.logs_dir
+                          or re.sub(r"\.jsonl$", "", results_path) + ".logs")
   try:
     logs_dir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
@@ -198,7 +220,7 @@ def run() -> int:
   if task is not None:  # other tasks of the array may be given the same runs
     claims = shares.Claims(re.sub(r"\.jsonl$", "", results_path) + ".claims", task)
     claims.claim_all(todo)
-  whose = f" (array task {task.name} of {task.count}, share {FLAGS.share})" if task else ""
+  whose = f" (array task {task.name} of {task.count}, share {request.share})" if task else ""
   print(f"suite {suite.name}{whose}: {len(runs)} run(s), {len(runs) - len(todo)} already "
         f"done in {results_path} (skipped), {len(todo)} to run; logs in {logs_dir}/",
         flush=True)
@@ -212,7 +234,7 @@ def run() -> int:
       print(f"{position}: running (log {log_path})", flush=True)
       seen = {rec["run_id"] for rec in results.read(results_path)[0]}
       run_started = time.monotonic()
-      ending = _execute(r, results_path, log_path)
+      ending = _execute(r, results_path, log_path, request)
       durations.setdefault(r.group, []).append(time.monotonic() - run_started)
       new = [rec for rec in results.read(results_path)[0]
              if rec["run_id"] not in seen and suites.record_key(rec) == r.key]
@@ -271,7 +293,9 @@ def _log_path(logs_dir: pathlib.Path, run: suites.Run) -> pathlib.Path:
 
 
 def main(argv) -> int:
-  return errors.run_entry_point(run, argv)
+  values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(SuiteRequest)}
+  request = SuiteRequest(**dict(values, train_flag=tuple(values["train_flag"])))
+  return errors.run_entry_point(lambda: run(request), argv)
 
 
 if __name__ == "__main__":
