@@ -161,3 +161,34 @@ def pytest_collection_modifyitems(items):
       item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if item.path.name in ALONE_FILES:
       item.add_marker(pytest.mark.alone)
+
+
+# Where the suite's CPU time goes (docs/results/, issue 49): with TF_TPUT_TEST_CPU_REPORT
+# set to a directory, each pytest process appends one JSON line per test there: its
+# wall seconds and the CPU seconds of this process and of the children it (or they)
+# waited for. Processes nobody here waits for (Slurm's, a Ray cluster's daemons) are
+# not counted; the wall time still shows them.
+CPU_REPORT_ENV = "TF_TPUT_TEST_CPU_REPORT"
+
+
+def _cpu_seconds() -> float:
+  import resource
+  return sum(u.ru_utime + u.ru_stime for u in (
+      resource.getrusage(resource.RUSAGE_SELF),
+      resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  directory = os.environ.get(CPU_REPORT_ENV)
+  if not directory:
+    yield
+    return
+  import json
+  cpu, wall = _cpu_seconds(), time.monotonic()
+  yield
+  line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
+          "cpu_s": round(_cpu_seconds() - cpu, 3)}
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a") as f:
+    f.write(json.dumps(line) + "\n")
