@@ -38,7 +38,13 @@ RUNTIMES = sorted({systems.load(name).runtime.name for name in systems.REGISTRY}
 NAMES = sorted(set(systems.REGISTRY) | set(RUNTIMES) | {
     "tensorflow", "TensorFlow", "TF", "JAX", "mesh_tensorflow", "torch", "PyTorch",
     "Ray", "ray"})
-WORD = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, NAMES)) + r")(?![A-Za-z0-9_])")
+# A name is a word of its own or a part of a snake_case identifier (jax_port); the
+# package's own name, tf_tput, is not the runtime "tf".
+WORD = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, NAMES)) + r")(?![A-Za-z0-9])")
+PACKAGE_NAME = re.compile(r"(?<![A-Za-z0-9])(tf_tput|TF_TPUT)(?![A-Za-z0-9])")
+# Launchers' own names, which a launcher's variables carry (runtime/launchers.py): how a
+# process was started, not what it trains with.
+LAUNCHER_NAMES = re.compile(r"(?<![A-Za-z0-9])(TF_CONFIG|tf_config)(?![A-Za-z0-9])")
 
 
 def _files(names: list) -> list:
@@ -102,7 +108,7 @@ def namings(source: str, module: str = "tf_tput.x") -> list:
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     if token.type not in (tokenize.NAME, tokenize.STRING) or token.start[0] in docstrings:
       continue
-    text = token.string
+    text = LAUNCHER_NAMES.sub("", PACKAGE_NAME.sub("", token.string))
     if token.type == tokenize.STRING:
       text = text.replace("\\n", " ")
     for match in WORD.finditer(text):
@@ -113,8 +119,9 @@ def namings(source: str, module: str = "tf_tput.x") -> list:
 def test_the_checker_finds_namings():
   source = ('"""Docstrings may say jax and mtf."""\nimport jax\n'
             'from tf_tput.systems.tensorflow import runtime\nx = "--system=tf2"  # tf2\n'
-            'if framework == "tf": pass\nfrom tf_tput import systems\ny = "tf_tput"\n')
-  assert sorted(line for line, _ in namings(source)) == [2, 2, 3, 3, 3, 4, 5]
+            'if framework == "tf": pass\nfrom tf_tput import systems\ny = "tf_tput"\n'
+            'def jax_port(): pass\nmtf_chief = torch_gemm_path = 1\n')
+  assert sorted(line for line, _ in namings(source)) == [2, 2, 3, 3, 3, 4, 5, 8, 9, 9]
 
 
 def test_the_checker_finds_every_way_to_import_a_framework_folder():

@@ -44,9 +44,10 @@ from tf_tput.runtime import processes
 
 LAUNCHERS = ("tf_tput.launch", "torchrun", "mpirun", "tf_config", "slurm")
 
-# JAX's port for a job (jax/_src/clusters/slurm_cluster.py, ompi_cluster.py): above
-# Linux's ephemeral range, one per job id.
-JAX_PORT_RANGE = (65535 - 2 ** 12 + 1, 2 ** 12)  # first port, how many
+# The coordinator's port for a job, where JAX's own cluster detection puts its own
+# (jax/_src/clusters/slurm_cluster.py, ompi_cluster.py) so the two agree: above Linux's
+# ephemeral range, one per job id.
+COORDINATOR_PORTS = (65535 - 2 ** 12 + 1, 2 ** 12)  # first port, how many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +116,12 @@ def expand_counts(text: str) -> tuple:
   return tuple(counts)
 
 
-def jax_port(job_id: int) -> int:
-  first, count = JAX_PORT_RANGE
+def coordinator_port(job_id: int) -> int:
+  first, count = COORDINATOR_PORTS
   return first + job_id % count
 
 
-def _tf_launch(environ) -> Optional[Launch]:
+def _tf_tput_launch(environ) -> Optional[Launch]:
   if processes.NUM_PROCESSES_ENV not in environ:
     return None
   size = _int(environ, processes.NUM_PROCESSES_ENV)
@@ -171,7 +172,7 @@ def _mpirun(environ) -> Optional[Launch]:
                          _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK"),
                          _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE")
                          if "OMPI_COMM_WORLD_LOCAL_SIZE" in environ else size,
-                         coordinator=f"{match.group(2)}:{jax_port(job)}" if match else None,
+                         coordinator=f"{match.group(2)}:{coordinator_port(job)}" if match else None,
                          job_id=match.group(1) if match else None,
                          # Unset: Open MPI 4's default, a core a rank for 2 ranks or
                          # fewer, a package each beyond.
@@ -227,7 +228,7 @@ def _slurm(environ) -> Optional[Launch]:
                          _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else 0,
                          (per_host[hosts.index(here)] if here in hosts
                           and len(per_host) == len(hosts) else size),
-                         coordinator=(f"{hosts[0]}:{jax_port(_int(environ, 'SLURM_JOB_ID'))}"
+                         coordinator=(f"{hosts[0]}:{coordinator_port(_int(environ, 'SLURM_JOB_ID'))}"
                                       if hosts else None),
                          job_id=job_id, hosts=hosts, run_id=_slurm_run_id(environ),
                          cpu_binding=environ.get("SLURM_CPU_BIND"), **array),
@@ -281,7 +282,7 @@ def _describe(launch: Launch) -> str:
 def detect(environ: Mapping = os.environ) -> Launch:
   """This process's launch, innermost launcher first; UsageError where two launchers
   that cannot nest both claim it."""
-  found = [launch for launch in (_tf_launch(environ), _torchrun(environ),
+  found = [launch for launch in (_tf_tput_launch(environ), _torchrun(environ),
                                  _mpirun(environ), _tf_config(environ), _slurm(environ))
            if launch is not None]
   if not found:
