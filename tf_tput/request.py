@@ -28,8 +28,8 @@ def cache_systems() -> list:
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
-  """A flag of tf_tput.train: its Request field (which holds its type and default),
-  its help, and what it overrides or may hold."""
+  """A flag of tf_tput.train: its help and, for an enum, its choices (its Request
+  field holds its type and default)."""
   name: str
   help: str
   choices: tuple = ()  # the values it may take, where a fixed few (an absl enum)
@@ -43,6 +43,14 @@ def _table() -> tuple:
            "the files, e.g. \"ModelConfig.activation_dtype='bfloat16'\"."),
       Flag("system", "System under test: "
            f"{', '.join(systems.REGISTRY)}."),
+      Flag("strategy", "Where the devices are (each system lists the strategies it runs "
+           "under, docs/systems.md). local: this process's (--num_cpu_devices, "
+           "accelerators, or the processes of tf_tput.launch --num_processes). "
+           "multi_worker: the worker servers of a cluster (tf_tput.launch "
+           "--num_workers sets one up on loopback): this process drives them, "
+           "or is one of them where every worker runs the program. tpu: a "
+           "Cloud TPU named by --tpu; NOT exercised by CI or by the tests "
+           "beyond the connection (no TPU there).", choices=topology.STRATEGIES),
       Flag("results", "JSON-lines file the record is "
            "appended to (created with its directory)."),
       Flag("num_cpu_devices", "Split the host CPU into this many "
@@ -52,14 +60,12 @@ def _table() -> tuple:
            "(overrides TrainConfig.warmup_steps)."),
       Flag("global_batch", "Examples per step over all devices "
            "(overrides TrainConfig.global_batch)."),
-      Flag("strategy", "Where the devices are (each system lists the strategies it runs "
-           "under, docs/systems.md). local: this process's (--num_cpu_devices, "
-           "accelerators, or the processes of tf_tput.launch --num_processes). "
-           "multi_worker: the worker servers of a cluster (tf_tput.launch "
-           "--num_workers sets one up on loopback): this process drives them, "
-           "or is one of them where every worker runs the program. tpu: a "
-           "Cloud TPU named by --tpu; NOT exercised by CI or by the tests "
-           "beyond the connection (no TPU there).", choices=topology.STRATEGIES),
+      Flag("tensorboard_dir", "Write per-step scalars here."),
+      Flag("trace_dir", "After the measured steps, run one more step "
+           "under the framework's trace, write it to DIR/<run id>.trace.json and "
+           "print where each device's time went (systems that trace: "
+           f"{', '.join(systems.able('traces'))})."),
+      Flag("log_every", "Log progress every this many measured steps."),
       Flag("cluster_timeout_s", "How long to wait for anything outside "
            "this process to answer before the run fails naming it: the workers "
            "of a cluster (multi_worker), the other processes under tf_tput.launch "
@@ -73,12 +79,6 @@ def _table() -> tuple:
       Flag("tpu_zone", "tpu: its GCP zone (unset: from the metadata)."),
       Flag("gcp_project", "tpu: its GCP project (unset: from the "
            "metadata)."),
-      Flag("tensorboard_dir", "Write per-step scalars here."),
-      Flag("trace_dir", "After the measured steps, run one more step "
-           "under the framework's trace, write it to DIR/<run id>.trace.json and "
-           "print where each device's time went (systems that trace: "
-           f"{', '.join(systems.able('traces'))})."),
-      Flag("log_every", "Log progress every this many measured steps."),
       Flag("compilation_cache_dir", "Keep compiled programs here, where "
            "the system's runtime has a persistent compilation cache (systems "
            f"that have one: {', '.join(cache_systems())}), so a "
@@ -90,12 +90,10 @@ def _table() -> tuple:
            "denominator) again, and keep the new one, instead of the probe kept "
            "in $XDG_CACHE_HOME/tf_tput/peaks.json (~/.cache/tf_tput/ without "
            "XDG_CACHE_HOME) for this CPU, framework version and dtype."),
-      Flag("gemm", "The GEMM path the framework's CPU matmuls "
-           "take, where it has several (docs/systems.md, 'GEMM paths'): "
-           f"'{gemm.AUTO}' is the fastest of their peak probes, each probed "
-           "once per machine and kept beside the peak (a path the runtime "
-           "names only is left out); a name forces that path. Records say "
-           "which ran (env.gemm)."),
+      Flag("keep_freed_memory", "Keep freed host memory for reuse "
+           "(glibc's malloc: no mmap, no trim) so a step's temporaries do not fault in "
+           "fresh pages every step; --nokeep_freed_memory leaves the libc's "
+           "default. Records say which (env.host_allocator)."),
       Flag("step_timeout_s", "End the run as failed, naming the step, "
            "when a window of the measured loop (sync_every steps) after the "
            "first has not completed after this many seconds: a hung collective "
@@ -103,10 +101,12 @@ def _table() -> tuple:
            f"{watchdog.FIRST_WINDOW_S:g} s (or this, if longer). Unset: "
            f"{watchdog.FACTOR:g} times the slowest window so far, at least "
            f"{watchdog.FLOOR_S:g} s."),
-      Flag("keep_freed_memory", "Keep freed host memory for reuse "
-           "(glibc's malloc: no mmap, no trim) so a step's temporaries do not fault in "
-           "fresh pages every step; --nokeep_freed_memory leaves the libc's "
-           "default. Records say which (env.host_allocator)."),
+      Flag("gemm", "The GEMM path the framework's CPU matmuls "
+           "take, where it has several (docs/systems.md, 'GEMM paths'): "
+           f"'{gemm.AUTO}' is the fastest of their peak probes, each probed "
+           "once per machine and kept beside the peak (a path the runtime "
+           "names only is left out); a name forces that path. Records say "
+           "which ran (env.gemm)."),
       Flag("packed", "This run is meant to share its host with other "
            "measured runs (a packed Slurm array, several suites at once): the "
            "record says so (packed) and reports mark its concurrent_runs as "
@@ -118,29 +118,29 @@ def _table() -> tuple:
 @dataclasses.dataclass(frozen=True)
 class Request:
   """One run's request: tf_tput.train's flags, each field's type and default its
-  flag's (FLAGS_TABLE holds their help)."""
+  flag's (FLAGS_TABLE holds their help), in the order records list them (`flags`)."""
   gin_file: tuple = ()
   gin_param: tuple = ()
   system: str = systems.DEFAULT
+  strategy: str = "local"
   results: str = "results/runs.jsonl"
   num_cpu_devices: Optional[int] = None
   steps: Optional[int] = None
   warmup_steps: Optional[int] = None
   global_batch: Optional[int] = None
-  strategy: str = "local"
+  tensorboard_dir: Optional[str] = None
+  trace_dir: Optional[str] = None
+  log_every: int = 10
   cluster_timeout_s: float = 60.0
   tpu: Optional[str] = None
   tpu_type: Optional[str] = None
   tpu_zone: Optional[str] = None
   gcp_project: Optional[str] = None
-  tensorboard_dir: Optional[str] = None
-  trace_dir: Optional[str] = None
-  log_every: int = 10
   compilation_cache_dir: Optional[str] = None
   reprobe_peak: bool = False
-  gemm: str = gemm.AUTO
-  step_timeout_s: Optional[float] = None
   keep_freed_memory: bool = True
+  step_timeout_s: Optional[float] = None
+  gemm: str = gemm.AUTO
   packed: bool = False
 
   def bindings(self) -> list:
@@ -183,7 +183,8 @@ def define_flags(module_name: str, flag_values=flags.FLAGS) -> None:
       flags.DEFINE_flag(flags.MultiFlag(flags.ArgumentParser(), flags.ArgumentSerializer(),
                                         f.name, list(field.default), f.help), **where)
     else:
-      flags.DEFINE(_PARSERS[kind](), f.name, field.default, f.help, **where)
+      flags.DEFINE(_PARSERS[kind](), f.name, field.default, f.help,
+                   serializer=flags.ArgumentSerializer(), **where)
 
 
 def from_flags(parsed=flags.FLAGS) -> Request:

@@ -312,7 +312,3 @@ def main(argv) -> int:
 
 if __name__ == "__main__":
   entry.start(main)
-
-
-if __name__ == "__main__":
-  entry.start(main)

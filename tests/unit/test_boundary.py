@@ -22,8 +22,8 @@ import pytest
 
 from tf_tput import PACKAGE_DIR, micro, systems
 
-SHARED = ["train.py", "launch.py", "plan.py", "suite", "measure", "records", "runtime",
-          "numerics.py"]
+SHARED = ["train.py", "request.py", "preflight.py", "run_record.py", "launch.py", "plan.py",
+          "suite", "measure", "records", "runtime", "numerics.py"]
 IMPORTS_ONLY = ["report"]
 FRAMEWORK_MODULES = {"tensorflow", "jax", "jaxlib", "torch", "ray", "mesh_tensorflow",
                      "optax", "gin.tf"}

@@ -96,3 +96,11 @@ def test_the_read_check_finds_a_read_outside_main(tmp_path):
   source = tmp_path / "m.py"
   source.write_text("FLAGS = 1\ndef run():\n  return FLAGS.x\ndef main():\n  FLAGS\n")
   assert _flags_reads(source) == [("run", 3), ("main", 5)]
+
+
+def test_the_suites_request_has_a_field_for_each_of_its_flags():
+  """tf_tput.suite reads its flags into SuiteRequest in main: a flag without a field
+  would be ignored."""
+  from tf_tput.suite import __main__ as suite_main
+  defined = {flag.name for flag in flags.FLAGS.get_flags_for_module(suite_main.__name__)}
+  assert defined == {f.name for f in dataclasses.fields(suite_main.SuiteRequest)}

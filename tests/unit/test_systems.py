@@ -160,3 +160,13 @@ def test_an_unknown_ray_placement_is_one_line_naming_the_strategies():
   with pytest.raises(UsageError, match="'SCATTER'; choose one of SPREAD, PACK") as e:
     systems.load("ray").check(experiment, "local")
   assert "\n" not in str(e.value)
+
+
+def test_a_plugin_that_does_not_subclass_the_interface_is_one_usage_error(monkeypatch):
+  import types
+  module = types.ModuleType("not_a_system")
+  module.SYSTEM = types.SimpleNamespace(name="plain", runtime=object())
+  monkeypatch.setitem(sys.modules, "not_a_system", module)
+  monkeypatch.setitem(systems.REGISTRY, "plain", "not_a_system")
+  with pytest.raises(UsageError, match="subclass them"):
+    systems.load("plain")

@@ -228,8 +228,9 @@ def _slurm(environ) -> Optional[Launch]:
                          _int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else 0,
                          (per_host[hosts.index(here)] if here in hosts
                           and len(per_host) == len(hosts) else size),
-                         coordinator=(f"{hosts[0]}:{coordinator_port(_int(environ, 'SLURM_JOB_ID'))}"
-                                      if hosts else None),
+                         coordinator=(
+                             f"{hosts[0]}:{coordinator_port(_int(environ, 'SLURM_JOB_ID'))}"
+                             if hosts else None),
                          job_id=job_id, hosts=hosts, run_id=_slurm_run_id(environ),
                          cpu_binding=environ.get("SLURM_CPU_BIND"), **array),
                   "SLURM_PROCID and SLURM_STEP_NUM_TASKS")

@@ -60,7 +60,6 @@ flags.DEFINE_enum("share", shares.SHARES[0], shares.SHARES, "Which of the suite'
 flags.DEFINE_float("grace_s", 10, "After SIGTERM, seconds a stopped run gets before SIGKILL.")
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SuiteRequest:
   """What the flags ask of the suite, read once in main(); the flags above hold each

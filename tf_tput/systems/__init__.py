@@ -28,7 +28,7 @@ Nothing here imports a framework folder except through BUILT_IN.
                                           # / ("data", "model"), and "pipeline" if
                                           # a pipeline's stages split across them
       traces: tuple                       # strategies under which --trace_dir works
-                                          # (its trainer has trace_step)
+                                          # (its trainer implements trace_step)
       options: tuple = ()                 # gin configurables saying how it runs
                                           # (options())
       scans_layers: bool = False          # honours ModelConfig.scan_layers (others
@@ -181,7 +181,15 @@ def check_name(name: str) -> None:
 
 def load(name: str) -> System:
   check_name(name)
-  return importlib.import_module(REGISTRY[name]).SYSTEM
+  system = importlib.import_module(REGISTRY[name]).SYSTEM
+  # Shared code calls the members the base classes declare: a plugin that does not
+  # subclass them would fail later, inside a run, on a member it lacks.
+  from tf_tput.runtime import Runtime
+  if System not in type(system).__mro__ or Runtime not in type(system.runtime).__mro__:
+    raise UsageError(f"--system={name}: {REGISTRY[name]}.SYSTEM must be a "
+                     "tf_tput.systems.System and its runtime a tf_tput.runtime.Runtime; "
+                     "subclass them (docs/extending.md)")
+  return system
 
 
 def drives_worker_servers(system: System) -> bool:
