@@ -12,7 +12,7 @@ from tf_tput import config, data, systems
 from tf_tput.errors import UsageError
 from tf_tput.measure import gemm
 from tf_tput.records import results
-from tf_tput.request import Request, cache_systems
+from tf_tput.request import Request
 from tf_tput.runtime import islands, topology as topology_lib
 
 
@@ -179,7 +179,7 @@ def check(request: Request) -> Checked:
     logging.warning("%s:%d is not a record (%s); left untouched", request.results, number,
                     problem)
   cache_dir = (_compilation_cache_dir(request.compilation_cache_dir)
-               if request.system in cache_systems() else None)
+               if request.system in systems.able("compilation_cache") else None)
   return Checked(experiment, tpu_address, malformed, cache_dir)
 
 

@@ -19,13 +19,6 @@ from tf_tput.measure import gemm
 from tf_tput.runtime import topology, watchdog
 
 
-def cache_systems() -> list:
-  """The systems whose runtime keeps a persistent compilation cache (a Runtime
-  member, docs/extending.md), named in --compilation_cache_dir's help."""
-  return [name for name in systems.REGISTRY
-          if systems.load(name).runtime.keeps_compilation_cache]
-
-
 @dataclasses.dataclass(frozen=True)
 class Flag:
   """A flag of tf_tput.train: its help and, for an enum, its choices (its Request
@@ -81,7 +74,7 @@ def _table() -> tuple:
            "metadata)."),
       Flag("compilation_cache_dir", "Keep compiled programs here, where "
            "the system's runtime has a persistent compilation cache (systems "
-           f"that have one: {', '.join(cache_systems())}), so a "
+           f"that have one: {', '.join(systems.able('compilation_cache'))}), so a "
            "later run of the same program loads them instead of compiling. "
            "Unset: $XDG_CACHE_HOME/tf_tput/compilation (~/.cache/tf_tput/"
            "compilation without XDG_CACHE_HOME). Empty or 'none': off. Records "

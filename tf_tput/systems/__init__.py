@@ -202,7 +202,8 @@ def drives_worker_servers(system: System) -> bool:
 # The System members messages list the able systems by, each read as declared.
 ABILITIES = {"traces": lambda system: system.traces,
              "islands": lambda system: system.islands,
-             "scans_layers": lambda system: system.scans_layers}
+             "scans_layers": lambda system: system.scans_layers,
+             "compilation_cache": lambda system: system.runtime.keeps_compilation_cache}
 
 
 def able(ability: str) -> list:
