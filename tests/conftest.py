@@ -146,6 +146,13 @@ def pytest_configure(config):
                           "(scripts/test.sh runs these after the parallel part)")
   config.addinivalue_line("markers", "loopback_ports: binds loopback ports another "
                           "process picked; one xdist worker runs all such tests")
+  report = os.environ.get(CPU_REPORT_ENV)
+  if report:  # checked once here, not by every test's hook
+    try:
+      os.makedirs(report, exist_ok=True)
+    except OSError as e:
+      raise pytest.UsageError(f"{CPU_REPORT_ENV}={report} cannot be created "
+                              f"({e.strerror}); name a writable directory") from None
 
 
 # tryfirst: xdist's own hook turns xdist_group marks into the node-id suffix its
@@ -189,6 +196,5 @@ def pytest_runtest_protocol(item, nextitem):
   yield
   line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3),
           "cpu_s": round(_cpu_seconds() - cpu, 3)}
-  os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, f"{os.getpid()}.jsonl"), "a") as f:
     f.write(json.dumps(line) + "\n")

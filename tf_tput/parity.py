@@ -71,9 +71,14 @@ def compare(sides, num_cpu_devices, steps: int) -> list:
       if runtime.name not in topologies:  # virtual devices are configured once per process
         topologies[runtime.name] = _resolve(runtime, name, num_cpu_devices)
       trainers.append(systems.load(name).build(experiment, topologies[runtime.name]))
-    initial = trainers[0].export_variables()
-    for trainer in trainers[1:]:
-      trainer.load_variables(initial)
+    try:  # optional Trainer members (their defaults raise): a plugin may lack them
+      initial = trainers[0].export_variables()
+      for trainer in trainers[1:]:
+        trainer.load_variables(initial)
+    except NotImplementedError as e:
+      raise UsageError(f"--systems: {e}, which parity needs to start every trainer "
+                       "from the same weights; implement export_variables and "
+                       "load_variables (docs/extending.md)") from None
     rows = []
     batches = data.batches(sides[0][2])  # the batch does not depend on mesh or pipeline
     try:

@@ -65,3 +65,14 @@ def test_a_plugin_system_trains_runs_in_a_suite_and_is_reported(tmp_path):
   table1 = (tmp_path / "report" / "report.md").read_text()
   assert "| toy |" in table1, table1[:3000]
   assert "report.md" in report.stdout
+  # Parity needs the optional export_variables and load_variables, which the toy
+  # trainer leaves to their defaults: one line, not a traceback.
+  parity = subprocess.run([sys.executable, "-m", "tf_tput.parity", "--systems=toy,jax",
+                           "--gin_file=gin/models/t5_tiny.gin", "--steps=1"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert parity.returncode == 2, parity.stderr[-2000:]
+  assert [line for line in parity.stderr.splitlines() if line.startswith("error:")] == [
+      "error: --systems: UnigramTrainer has no export_variables, which parity needs to "
+      "start every trainer from the same weights; implement export_variables and "
+      "load_variables (docs/extending.md)"], parity.stderr[-2000:]
+  assert "Traceback" not in parity.stderr
