@@ -53,11 +53,11 @@ def namespaces_left(maker_pid=None, settle_s: float = 10.0) -> list:
   killed outright leaves its namespaces to its reaper, which removes them a moment
   later: they count only if still there after settle_s."""
   import re
-  from tf_tput.runtime import islands
+  from tf_tput.runtime import namespaces
 
   def left():
     out = []
-    for name in islands.list_namespaces():
+    for name in namespaces.list_namespaces():
       made_by = re.match(r"tt(\d+)", name)
       if made_by and (int(made_by.group(1)) == maker_pid if maker_pid is not None
                       else not psutil.pid_exists(int(made_by.group(1)))):

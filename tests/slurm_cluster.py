@@ -25,7 +25,7 @@ from typing import Optional
 
 import psutil
 
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "openmpi-bin"]
 TOOLS = ["munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "scontrol",
@@ -46,7 +46,7 @@ def _absent() -> list:
 
 def missing() -> Optional[str]:
   """Why a cluster cannot run here (root, ip, a way to get the packages), or None."""
-  problem = islands.private_missing()
+  problem = namespaces.private_missing()
   if problem is None and _absent() and shutil.which("apt-get") is None:
     problem = f"{', '.join(_absent())} not installed and no apt-get to install them"
   return problem
@@ -94,7 +94,7 @@ class SlurmCluster:
     self.node = socket.gethostname().split(".")[0]  # slurmd's name for this host
     self.cpus = len(os.sched_getaffinity(0))
     # Not tf_tput's "tt<pid>" names, which tests count as their own leftovers.
-    self.net = islands.PrivateNetwork(tag=f"slurm{os.getpid()}")
+    self.net = namespaces.PrivateNetwork(tag=f"slurm{os.getpid()}")
     self.dir = None
     self.daemons = {}   # name -> Popen
 

@@ -3,7 +3,7 @@ network (DCN) costs at the paper's scale, from the model's arithmetic and stated
 assumptions (tf_tput.plan --islands prints it).
 
 Per step each island sends its share of the hierarchical reduction
-(runtime/islands.analytic_link_bytes: every island's gradient shards all-reduced
+(reduction.analytic_link_bytes: every island's gradient shards all-reduced
 across the K islands) over its hosts' DCN links. That transfer can hide behind the
 backward pass (about 2/3 of a step's compute) by the fraction `overlap`; what is left
 is exposed, and the projected fraction of single-island throughput is
@@ -17,7 +17,7 @@ import dataclasses
 import statistics
 from typing import Optional
 
-from tf_tput import models
+from tf_tput import models, reduction
 from tf_tput.runtime import islands
 
 BACKWARD_SHARE = 2 / 3  # of a step's matmul FLOPs: the two backward matmuls of three
@@ -41,7 +41,7 @@ def project(experiment, num_islands: int, devices_per_island: int,
   tokens = experiment.train.global_batch * models.tokens_per_example(
       m, inputs, d.targets_length)
   gradient_bytes = models.num_params(m) * models.BYTES_PER_VARIABLE_ELEMENT
-  total_bytes = islands.analytic_link_bytes(gradient_bytes, num_islands)
+  total_bytes = reduction.analytic_link_bytes(gradient_bytes, num_islands)
   sent_per_island = total_bytes / num_islands
   bandwidth = a.hosts_per_island * a.gbps_per_host * 1e9 / 8 * a.link_efficiency
   transfer_s = sent_per_island / bandwidth

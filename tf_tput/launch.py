@@ -49,7 +49,7 @@ island.
 
 Worker servers may listen on every interface whatever address they are given (TF's
 and Ray's do), so they and every process that talks to them (the command) start inside a
-private network namespace with nothing but loopback (runtime.islands.PrivateNetwork;
+private network namespace with nothing but loopback (runtime.namespaces.PrivateNetwork;
 needs root and iproute2), removed however the launch ends. Where none can be made the
 launcher refuses in one line, unless --expose_servers accepts servers reachable from
 other machines. Islands are namespaces of their own already.
@@ -59,13 +59,15 @@ after --grace_s) and exits non-zero; Ctrl-C stops them all the same way.
 """
 
 import contextlib
+import dataclasses
 import sys
+from typing import Optional
 
 from absl import flags
 
 from tf_tput import entry, systems
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands, processes
+from tf_tput.runtime import islands, namespaces, processes
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_processes", None, "Processes to start, each running the "
@@ -98,39 +100,58 @@ flags.DEFINE_bool("expose_servers", False, "Workers: start the worker servers an
                   "> 1 they are in the islands' namespaces either way.")
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchRequest:
+  """What the flags ask, read once in main(); the flags above hold each one's default
+  and help."""
+  num_processes: Optional[int]
+  num_workers: Optional[int]
+  devices_per_worker: int
+  port: int
+  start_timeout_s: float
+  grace_s: float
+  timeout_s: Optional[float]
+  islands: Optional[int]
+  dcn_rate: str
+  expose_servers: bool
+
+
 def _usage(message: str) -> int:
   print(f"error: {message}", file=sys.stderr)
   return 2
 
 
-def _workers(command) -> int:
+def _workers(request: LaunchRequest, command) -> int:
   """Worker servers of the command's system, and the command as their chief or on
   each of them."""
   system = systems.load(systems.named_in(command))
   if not system.runtime.serves_workers:
     return _usage(f"--num_workers starts worker servers, which --system={system.name} "
                   "has none of; launch it with --num_processes=N")
-  for name in ("num_workers", "devices_per_worker"):
-    if FLAGS[name].value < 1:
-      return _usage(f"--{name}={FLAGS[name].value}; it must be >= 1")
-  if not FLAGS.start_timeout_s > 0:
-    return _usage(f"--start_timeout_s={FLAGS.start_timeout_s}; it must be > 0")
-  if FLAGS.islands is not None:
-    return _workers_in_islands(system, command)
+  for name, value in (("num_workers", request.num_workers),
+                      ("devices_per_worker", request.devices_per_worker)):
+    if value < 1:
+      return _usage(f"--{name}={value}; it must be >= 1")
+  if not request.start_timeout_s > 0:
+    return _usage(f"--start_timeout_s={request.start_timeout_s}; it must be > 0")
+  if request.islands is not None:
+    return _workers_in_islands(request, system, command)
   ports = None
-  if FLAGS.port:
-    ports = list(range(FLAGS.port, FLAGS.port + FLAGS.num_workers + 1))
+  if request.port:
+    ports = list(range(request.port, request.port + request.num_workers + 1))
     if ports[-1] > 65535:
-      return _usage(f"--port={FLAGS.port} leaves no room for {len(ports)} ports; choose "
+      return _usage(f"--port={request.port} leaves no room for {len(ports)} ports; choose "
                     "a lower one")
     busy = processes.busy_ports(ports)
     if busy:
-      return _usage(f"--port={FLAGS.port}: port(s) {', '.join(map(str, busy))} of "
+      return _usage(f"--port={request.port}: port(s) {', '.join(map(str, busy))} of "
                     f"{ports[0]}-{ports[-1]} are in use; choose another --port or leave it "
                     "unset for free ports")
-  return _in_servers_network(lambda network: system.runtime.launch_workers(
-      command, system.every_worker, FLAGS.num_workers, FLAGS.devices_per_worker,
-      FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s, ports, network=network))
+  return _in_servers_network(
+      request.expose_servers, lambda network: system.runtime.launch_workers(
+          command, system.every_worker, request.num_workers, request.devices_per_worker,
+          request.grace_s, request.timeout_s, request.start_timeout_s, ports,
+          network=network))
 
 
 def _exposure_refusal(problem: str) -> str:
@@ -141,45 +162,45 @@ def _exposure_refusal(problem: str) -> str:
           "network, reachable (unauthenticated) from other machines")
 
 
-def _in_servers_network(launch):
-  """launch(network) with network a private namespace (runtime.islands.PrivateNetwork)
+def _in_servers_network(expose_servers: bool, launch):
+  """launch(network) with network a private namespace (runtime.namespaces.PrivateNetwork)
   that every process of the cluster starts in; with --expose_servers, launch(None).
   Refused (UsageError) before anything starts where no namespace can be made."""
-  if FLAGS.expose_servers:
+  if expose_servers:
     return launch(None)
   with contextlib.ExitStack() as stack:
     try:
-      network = stack.enter_context(islands.PrivateNetwork())
+      network = stack.enter_context(namespaces.PrivateNetwork())
     except (UsageError, RuntimeError) as e:  # not root, no ip, or `ip netns` refused
       raise UsageError(_exposure_refusal(str(e))) from None
     return launch(network)
 
 
-def main(argv) -> int:
-  command = argv[1:]
+def run(request: LaunchRequest, command: list) -> int:
   if not command:
     return _usage("no command to launch; put it after --, e.g. python -m tf_tput.launch "
                   "--num_processes=2 -- python -m tf_tput.train ...")
-  if FLAGS.dcn_rate != islands.NO_LIMIT and FLAGS.islands is None:
-    return _usage(f"--dcn_rate={FLAGS.dcn_rate} shapes the links between islands; add "
+  if request.dcn_rate != islands.NO_LIMIT and request.islands is None:
+    return _usage(f"--dcn_rate={request.dcn_rate} shapes the links between islands; add "
                   "--islands=K")
   try:
     named = systems.named_in(command, default=None)  # a train command's --system
-    if (FLAGS.num_processes is None and FLAGS.num_workers is None and FLAGS.islands
+    if (request.num_processes is None and request.num_workers is None and request.islands
         and named and systems.load(named).runtime.serves_workers):
-      FLAGS.num_workers = FLAGS.islands  # one worker server (a Ray node) per island
-    if (FLAGS.num_processes is None) == (FLAGS.num_workers is None):
+      # One worker server (a Ray node) per island.
+      request = dataclasses.replace(request, num_workers=request.islands)
+    if (request.num_processes is None) == (request.num_workers is None):
       return _usage("give exactly one of --num_processes=N (processes, each running "
                     "the command) or --num_workers=N (worker servers for the command's "
                     "system)")
-    if FLAGS.num_workers is not None:
-      return _workers(command)
-    if FLAGS.num_processes < 1:
-      return _usage(f"--num_processes={FLAGS.num_processes}; it must be >= 1")
-    if FLAGS.islands is None:
-      return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
-                              FLAGS.timeout_s)
-    return _in_islands(command)
+    if request.num_workers is not None:
+      return _workers(request, command)
+    if request.num_processes < 1:
+      return _usage(f"--num_processes={request.num_processes}; it must be >= 1")
+    if request.islands is None:
+      return processes.launch(command, request.num_processes, request.grace_s,
+                              request.timeout_s)
+    return _in_islands(request, command)
   except processes.StartError as e:
     return _usage(f"{e}; check the command after --")
   except UsageError as e:
@@ -190,29 +211,29 @@ def main(argv) -> int:
 ONE_ISLAND_ENV = {islands.NUM_ISLANDS_ENV: "1", islands.ISLAND_ENV: "0"}
 
 
-def _island_rate(count_flag: str, count: int):
+def _island_rate(request: LaunchRequest, count_flag: str, count: int):
   """--dcn_rate in bits/s (None: unshaped), checked against --islands."""
-  rate = islands.parse_rate(FLAGS.dcn_rate)
-  if FLAGS.islands < 1 or count % FLAGS.islands:
-    raise UsageError(f"--islands={FLAGS.islands} with --{count_flag}={count}: give "
+  rate = islands.parse_rate(request.dcn_rate)
+  if request.islands < 1 or count % request.islands:
+    raise UsageError(f"--islands={request.islands} with --{count_flag}={count}: give "
                      f"islands that divide the {count_flag.split('_')[1]} evenly")
-  if FLAGS.islands == 1 and rate is not None:
-    raise UsageError(f"--dcn_rate={FLAGS.dcn_rate} with --islands=1: one island has no "
+  if request.islands == 1 and rate is not None:
+    raise UsageError(f"--dcn_rate={request.dcn_rate} with --islands=1: one island has no "
                      "link between islands; drop --dcn_rate")
   return rate
 
 
-def _in_islands(command) -> int:
-  rate = _island_rate("num_processes", FLAGS.num_processes)
-  if FLAGS.islands == 1:
-    return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s, FLAGS.timeout_s,
-                            env_of=lambda i: ONE_ISLAND_ENV)
-  with islands.IslandNetwork(FLAGS.islands, rate) as network:
-    return processes.launch(command, FLAGS.num_processes, FLAGS.grace_s,
-                            FLAGS.timeout_s, network=network)
+def _in_islands(request: LaunchRequest, command) -> int:
+  rate = _island_rate(request, "num_processes", request.num_processes)
+  if request.islands == 1:
+    return processes.launch(command, request.num_processes, request.grace_s,
+                            request.timeout_s, env_of=lambda i: ONE_ISLAND_ENV)
+  with islands.IslandNetwork(request.islands, rate) as network:
+    return processes.launch(command, request.num_processes, request.grace_s,
+                            request.timeout_s, network=network)
 
 
-def _workers_in_islands(system, command) -> int:
+def _workers_in_islands(request: LaunchRequest, system, command) -> int:
   """The workers split into the islands, their chief (the command) in island 0."""
   if system.every_worker or "data" not in system.islands:
     able = [name for name in systems.able("islands") if systems.load(name).runtime
@@ -221,17 +242,28 @@ def _workers_in_islands(system, command) -> int:
                      "train across islands as worker servers; use --system="
                      f"{' or --system='.join(able)}, or --num_processes for a system "
                      "that runs as processes")
-  rate = _island_rate("num_workers", FLAGS.num_workers)
-  if FLAGS.port:
-    raise UsageError(f"--port={FLAGS.port} with --islands: inside islands every task "
+  rate = _island_rate(request, "num_workers", request.num_workers)
+  if request.port:
+    raise UsageError(f"--port={request.port} with --islands: inside islands every task "
                      "has its own port; drop --port")
-  args = (command, system.every_worker, FLAGS.num_workers, FLAGS.devices_per_worker,
-          FLAGS.grace_s, FLAGS.timeout_s, FLAGS.start_timeout_s)
-  if FLAGS.islands == 1:  # loopback: inside a private namespace, as without --islands
-    return _in_servers_network(lambda network: system.runtime.launch_workers(
-        *args, network=network, chief_env=ONE_ISLAND_ENV))
-  with islands.IslandNetwork(FLAGS.islands, rate) as network:
+  args = (command, system.every_worker, request.num_workers, request.devices_per_worker,
+          request.grace_s, request.timeout_s, request.start_timeout_s)
+  if request.islands == 1:  # loopback: inside a private namespace, as without --islands
+    return _in_servers_network(
+        request.expose_servers, lambda network: system.runtime.launch_workers(
+            *args, network=network, chief_env=ONE_ISLAND_ENV))
+  with islands.IslandNetwork(request.islands, rate) as network:
     return system.runtime.launch_workers(*args, network=network)
+
+
+def main(argv) -> int:
+  request = LaunchRequest(
+      num_processes=FLAGS.num_processes, num_workers=FLAGS.num_workers,
+      devices_per_worker=FLAGS.devices_per_worker, port=FLAGS.port,
+      start_timeout_s=FLAGS.start_timeout_s, grace_s=FLAGS.grace_s,
+      timeout_s=FLAGS.timeout_s, islands=FLAGS.islands, dcn_rate=FLAGS.dcn_rate,
+      expose_servers=FLAGS.expose_servers)
+  return run(request, command=argv[1:])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ overheads: on a busy machine that noise can exceed the loop's cost. The target i
 a no-op trainer, is printed too: the load of a shared machine barely moves it.
 """
 
+import dataclasses
 import itertools
 import statistics
 import time
@@ -32,6 +33,17 @@ flags.DEFINE_integer("steps", 50, "Measured steps per loop and round.")
 flags.DEFINE_integer("rounds", 5, "Rounds of (shared loop, bare loop).")
 
 TARGET_PERCENT = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OverheadRequest:
+  """What the flags ask, read once in main(); the flags above hold each one's default
+  and help."""
+  systems: tuple
+  gin_file: tuple
+  gin_param: tuple
+  steps: int
+  rounds: int
 
 
 def bare_tokens_per_sec(trainer, batches: list) -> float:
@@ -87,28 +99,28 @@ def loop_cost_s(batches: list, rounds: int) -> float:
   return statistics.median(costs)
 
 
-def _checked():
-  for name in FLAGS.systems:
+def _checked(request: OverheadRequest):
+  for name in request.systems:
     systems.check_name(name)
-  for name in ("steps", "rounds"):
-    if FLAGS[name].value < 1:
-      raise UsageError(f"--{name}={FLAGS[name].value}; it must be >= 1")
-  experiment = config.load_experiment(FLAGS.gin_file, FLAGS.gin_param,
-                                      systems.options(*FLAGS.systems))
+  for name, value in (("steps", request.steps), ("rounds", request.rounds)):
+    if value < 1:
+      raise UsageError(f"--{name}={value}; it must be >= 1")
+  experiment = config.load_experiment(request.gin_file, request.gin_param,
+                                      systems.options(*request.systems))
   config.validate(experiment, num_devices=1)
-  for name in FLAGS.systems:
+  for name in request.systems:
     systems.check_experiment(name, experiment)
   return experiment
 
 
-def run() -> int:
-  experiment = _checked()
-  steps, rounds = FLAGS.steps, FLAGS.rounds
+def run(request: OverheadRequest) -> int:
+  experiment = _checked(request)
+  steps, rounds = request.steps, request.rounds
   batches = list(itertools.islice(data.batches(experiment, count=steps + 1), steps + 1))
   cost = loop_cost_s(batches, rounds)
   print(f"{experiment.model.name}, 1 device, {experiment.model.activation_dtype}: shared "
         f"loop vs bare loop, medians of {rounds} round(s) of {steps} steps")
-  for name in FLAGS.systems:
+  for name in request.systems:
     system = systems.load(name)
     trainer = system.build(experiment, system.runtime.resolve())
     try:
@@ -124,7 +136,10 @@ def run() -> int:
 
 
 def main(argv) -> int:
-  return errors.run_entry_point(run, argv)
+  request = OverheadRequest(systems=tuple(FLAGS.systems), gin_file=tuple(FLAGS.gin_file),
+                            gin_param=tuple(FLAGS.gin_param), steps=FLAGS.steps,
+                            rounds=FLAGS.rounds)
+  return errors.run_entry_point(lambda: run(request), argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ step 0 differs by more than --first_step_rtol or any step by more than --rtol: t
 they do not train the same function and their throughputs are not comparable.
 """
 
+import dataclasses
 import sys
+from typing import Optional
 
 from absl import flags
 
@@ -37,6 +39,20 @@ flags.DEFINE_integer("steps", 10, "Steps to compare.")
 flags.DEFINE_float("first_step_rtol", 1e-5, "Tolerance on step 0 (same weights, same "
                    "batch: only the arithmetic differs).")
 flags.DEFINE_float("rtol", 1e-3, "Tolerance on every step (optimizer updates included).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityRequest:
+  """What the flags ask, read once in main(); the flags above hold each one's default
+  and help."""
+  gin_file: tuple
+  gin_param: tuple
+  mesh: Optional[str]
+  systems: tuple
+  num_cpu_devices: Optional[int]
+  steps: int
+  first_step_rtol: float
+  rtol: float
 
 
 def parse_sides(entries, experiment) -> list:
@@ -108,26 +124,26 @@ def _resolve(runtime, name: str, num_cpu_devices):
     return runtime.resolve(None)
 
 
-def _experiment():
-  files, bindings = list(FLAGS.gin_file), list(FLAGS.gin_param)
-  if FLAGS.mesh:
-    if FLAGS.mesh.endswith(".gin"):
-      files.append(FLAGS.mesh)
+def _experiment(request: ParityRequest):
+  files, bindings = list(request.gin_file), list(request.gin_param)
+  if request.mesh:
+    if request.mesh.endswith(".gin"):
+      files.append(request.mesh)
     else:
-      bindings.append(f"MeshConfig.mesh_shape = {FLAGS.mesh!r}")
-  names = [asked.partition(":")[0] for asked in FLAGS.systems]
+      bindings.append(f"MeshConfig.mesh_shape = {request.mesh!r}")
+  names = [asked.partition(":")[0] for asked in request.systems]
   experiment = config.load_experiment(files, bindings, systems.options(*names))
-  num_devices = FLAGS.num_cpu_devices or experiment.num_devices
+  num_devices = request.num_cpu_devices or experiment.num_devices
   config.validate(experiment, num_devices=num_devices)
-  if FLAGS.steps < 1:
-    raise UsageError(f"--steps={FLAGS.steps}; it must be >= 1")
+  if request.steps < 1:
+    raise UsageError(f"--steps={request.steps}; it must be >= 1")
   return experiment, num_devices
 
 
-def run() -> int:
-  experiment, num_devices = _experiment()
-  sides = parse_sides(FLAGS.systems, experiment)
-  rows = compare(sides, num_devices if num_devices > 1 else None, FLAGS.steps)
+def run(request: ParityRequest) -> int:
+  experiment, num_devices = _experiment(request)
+  sides = parse_sides(request.systems, experiment)
+  rows = compare(sides, num_devices if num_devices > 1 else None, request.steps)
   labels = [label for label, _, _ in sides]
   print(f"{experiment.model.name}, mesh {experiment.mesh.mesh_shape}"
         + (f" per stage, {experiment.pipeline.stages} stages x "
@@ -139,7 +155,7 @@ def run() -> int:
         + "  ".join(f"{'rel ' + label:>{max(9, len(label) + 4)}}" for label in labels[1:]))
   over = []
   for step, losses, rels in rows:
-    limit = FLAGS.first_step_rtol if step == 0 else FLAGS.rtol
+    limit = request.first_step_rtol if step == 0 else request.rtol
     flag = "" if max(rels) <= limit else f"  > {limit:g}"
     if flag:
       over.append(step)
@@ -147,17 +163,21 @@ def run() -> int:
           + "  ".join(f"{r:>{max(9, len(label) + 4)}.2e}" for r, label in
                       zip(rels[1:], labels[1:], strict=True)) + flag)
   if over:
-    print(f"error: steps {over} exceed the tolerance (step 0: {FLAGS.first_step_rtol:g}, "
-          f"others: {FLAGS.rtol:g}); they do not train the same function",
-          file=sys.stderr)
+    print(f"error: steps {over} exceed the tolerance (step 0: "
+          f"{request.first_step_rtol:g}, others: {request.rtol:g}); they do not train "
+          "the same function", file=sys.stderr)
     return 1
   print(f"parity: all {len(rows)} steps within tolerance "
-        f"(step 0 <= {FLAGS.first_step_rtol:g}, others <= {FLAGS.rtol:g})")
+        f"(step 0 <= {request.first_step_rtol:g}, others <= {request.rtol:g})")
   return 0
 
 
 def main(argv) -> int:
-  return errors.run_entry_point(run, argv)
+  request = ParityRequest(
+      gin_file=tuple(FLAGS.gin_file), gin_param=tuple(FLAGS.gin_param), mesh=FLAGS.mesh,
+      systems=tuple(FLAGS.systems), num_cpu_devices=FLAGS.num_cpu_devices,
+      steps=FLAGS.steps, first_step_rtol=FLAGS.first_step_rtol, rtol=FLAGS.rtol)
+  return errors.run_entry_point(lambda: run(request), argv)
 
 
 if __name__ == "__main__":

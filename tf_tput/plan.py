@@ -25,9 +25,11 @@ No graph is built and no framework is imported: the numbers come from
 tf_tput.models, the same arithmetic the result records use.
 """
 
+import dataclasses
 import json
 import math
 import re
+from typing import Optional
 
 from absl import flags
 
@@ -35,7 +37,7 @@ from tf_tput import GIN_DIR, config, dcn, entry, errors, models, pipeline
 from tf_tput.errors import UsageError
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
-from tf_tput.runtime import islands
+from tf_tput import island_split
 from tf_tput.report import published
 
 FLAGS = flags.FLAGS
@@ -65,6 +67,25 @@ flags.DEFINE_float("overlap", 0.0, "With --islands: fraction of the backward pas
 flags.DEFINE_string("accelerator", "tpu_v4", "With --islands: whose bfloat16 peak the "
                     f"compute time uses ({', '.join(sorted({k for k, _ in peak_lib.PEAK_FLOPS}))}).")
 flags.DEFINE_float("mfu", 0.5, "With --islands: the step's MFU against that peak.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest:
+  """What the flags ask, read once in main(); the flags above hold each one's default
+  and help."""
+  gin_file: tuple
+  gin_param: tuple
+  format: str
+  fit_memory_gib: Optional[float]
+  islands: int
+  devices_per_island: Optional[int]
+  hosts_per_island: Optional[int]
+  dcn_gbps_per_host: float
+  link_efficiency: float
+  calibrate_from: Optional[str]
+  overlap: float
+  accelerator: str
+  mfu: float
 
 
 def plan(experiment: config.Experiment) -> dict:
@@ -158,34 +179,35 @@ def _stage_lines(p: dict) -> list:
   ]
 
 
-def _assumptions(experiment) -> tuple:
+def _assumptions(request: PlanRequest, experiment) -> tuple:
   """(devices per island, dcn.Assumptions, where the efficiency came from)."""
-  K = FLAGS.islands
-  per_island = FLAGS.devices_per_island or experiment.num_devices // K
-  if per_island < 1 or (not FLAGS.devices_per_island and experiment.num_devices % K):
+  K = request.islands
+  per_island = request.devices_per_island or experiment.num_devices // K
+  if per_island < 1 or (not request.devices_per_island and experiment.num_devices % K):
     raise UsageError(f"--islands={K} does not divide the mesh's {experiment.num_devices} "
                      "devices; pass --devices_per_island")
-  peak = peak_lib.PEAK_FLOPS.get((FLAGS.accelerator, "bfloat16"))
+  peak = peak_lib.PEAK_FLOPS.get((request.accelerator, "bfloat16"))
   if peak is None:
-    raise UsageError(f"--accelerator={FLAGS.accelerator} has no bfloat16 peak; choose one "
-                     f"of {', '.join(sorted({k for k, _ in peak_lib.PEAK_FLOPS}))}")
-  efficiency, source = FLAGS.link_efficiency, "--link_efficiency"
-  if FLAGS.calibrate_from:
+    raise UsageError(f"--accelerator={request.accelerator} has no bfloat16 peak; choose "
+                     f"one of {', '.join(sorted({k for k, _ in peak_lib.PEAK_FLOPS}))}")
+  efficiency, source = request.link_efficiency, "--link_efficiency"
+  if request.calibrate_from:
     calibrated = dcn.calibrate_efficiency(
-        results.read(FLAGS.calibrate_from, results.SCHEMA)[0])
+        results.read(request.calibrate_from, results.SCHEMA)[0])
     if calibrated is None:
-      raise UsageError(f"--calibrate_from={FLAGS.calibrate_from} has no island runs on "
+      raise UsageError(f"--calibrate_from={request.calibrate_from} has no island runs on "
                        "a shaped and an unshaped link to compare; run suite islands_local")
     efficiency = calibrated[0]
-    source = f"calibrated from {calibrated[1]} run(s) in {FLAGS.calibrate_from}"
+    source = f"calibrated from {calibrated[1]} run(s) in {request.calibrate_from}"
   for name, value, low, high in (("link_efficiency", efficiency, 0, 1),
-                                 ("overlap", FLAGS.overlap, 0, 1), ("mfu", FLAGS.mfu, 0, 1)):
+                                 ("overlap", request.overlap, 0, 1),
+                                 ("mfu", request.mfu, 0, 1)):
     if not low <= value <= high or (name != "overlap" and value == 0):
       raise UsageError(f"--{name}={value}; it must be in (0, 1]" if name != "overlap"
                        else f"--overlap={value}; it must be in [0, 1]")
-  hosts = FLAGS.hosts_per_island or max(1, per_island // 4)
-  return per_island, dcn.Assumptions(hosts, FLAGS.dcn_gbps_per_host, efficiency,
-                                     FLAGS.overlap, peak, FLAGS.mfu), source
+  hosts = request.hosts_per_island or max(1, per_island // 4)
+  return per_island, dcn.Assumptions(hosts, request.dcn_gbps_per_host, efficiency,
+                                     request.overlap, peak, request.mfu), source
 
 
 def island_mesh(experiment, num_islands: int, per_island: int):
@@ -212,7 +234,7 @@ def island_experiment(experiment, gin_files, gin_params: list, num_islands: int,
   """(the experiment on the devices the projection counts, its gin params, what was
   assumed or None): per-device bytes are those of that mesh, not the config's."""
   if experiment.pipelined:  # S/K stages an island, whatever the mesh: say that first
-    islands.check_mesh(experiment, num_islands, ("pipeline",))
+    island_split.check_mesh(experiment, num_islands, ("pipeline",))
   shape = island_mesh(experiment, num_islands, per_island)
   if shape is None:
     return experiment, gin_params, None
@@ -281,11 +303,12 @@ def format_islands(d: dict, model: str, source: str) -> str:
   ]
   if pub:
     lines.append(
-        f"published (§5.3)       {pub[0]} x {pub[1]} cores: {pub[2] / 1e9:,.0f} GB per "
-        f"reduction, {pub[3]:g} of single-island throughput. Here each parameter's "
-        f"float32 gradient crosses once each way (8 bytes/parameter); the paper's "
-        f"figure is {pub[2] / (d['gradient_bytes'] / 4):.2f} bytes per parameter of "
-        "this file's model, whose dimensions the paper does not state")
+        f"published (§5.3)       {pub.islands} x {pub.cores_per_island} cores: "
+        f"{pub.bytes_per_reduction / 1e9:,.0f} GB per reduction, {pub.fraction:g} of "
+        "single-island throughput. Here each parameter's float32 gradient crosses once "
+        "each way (8 bytes/parameter); the paper's figure is "
+        f"{pub.bytes_per_reduction / (d['gradient_bytes'] / 4):.2f} bytes per parameter "
+        "of this file's model, whose dimensions the paper does not state")
   return "\n".join(lines)
 
 
@@ -313,8 +336,9 @@ def format_pipeline_islands(d: dict, model: str, source: str) -> str:
   ]
   if pub:
     lines.append(
-        f"published (Table 2)    S={pub[0]}, M={pub[1]} on {pub[2]} islands x {pub[3]} "
-        f"cores: the same 131.4k tokens/s as one island ({pub[4]:g})")
+        f"published (Table 2)    S={pub.stages}, M={pub.micro_batches} on {pub.islands} "
+        f"islands x {pub.cores_per_island} cores: the same 131.4k tokens/s as one "
+        f"island ({pub.fraction:g})")
   return "\n".join(lines)
 
 
@@ -339,53 +363,52 @@ def largest_fitting(gin_files, gin_params, memory_bytes: float):
     fitting = larger
 
 
-def _fit(experiment, gin_params: list):
+def _fit(request: PlanRequest, experiment, gin_params: list):
   """(the experiment at the largest global batch that fits, its text line, its JSON
   field), or the experiment as it is without --fit_memory_gib."""
-  if FLAGS.fit_memory_gib is None:
+  memory_gib = request.fit_memory_gib
+  if memory_gib is None:
     return experiment, None, None
-  if not 0 < FLAGS.fit_memory_gib < math.inf:  # NaN too; inf would never stop doubling
-    raise UsageError(f"--fit_memory_gib={FLAGS.fit_memory_gib}; it must be > 0 (GiB) "
-                     "and finite")
-  experiment, next_bytes = largest_fitting(FLAGS.gin_file, gin_params,
-                                           FLAGS.fit_memory_gib * 2**30)
-  line = (f"fits {FLAGS.fit_memory_gib:g} GiB   global batch "
+  if not 0 < memory_gib < math.inf:  # NaN too; inf would never stop doubling
+    raise UsageError(f"--fit_memory_gib={memory_gib}; it must be > 0 (GiB) and finite")
+  experiment, next_bytes = largest_fitting(request.gin_file, gin_params,
+                                           memory_gib * 2**30)
+  line = (f"fits {memory_gib:g} GiB   global batch "
           f"{experiment.train.global_batch} (twice that needs {_gib(next_bytes)} "
           "per device)")
-  return experiment, line, {"memory_gib": FLAGS.fit_memory_gib,
-                            "next_batch_bytes": next_bytes}
+  return experiment, line, {"memory_gib": memory_gib, "next_batch_bytes": next_bytes}
 
 
-def _project(experiment, p: dict, assumptions) -> dict:
+def _project(experiment, p: dict, assumptions, num_islands: int) -> dict:
   if experiment.pipelined:  # island_experiment checked its stages
-    d = dcn.project_pipeline(experiment, FLAGS.islands, p["num_devices"] // FLAGS.islands,
+    d = dcn.project_pipeline(experiment, num_islands, p["num_devices"] // num_islands,
                              assumptions)
   else:
-    islands.check_mesh(experiment, FLAGS.islands, ("data", "model"))
-    d = dcn.project(experiment, FLAGS.islands, p["num_devices"] // FLAGS.islands,
+    island_split.check_mesh(experiment, num_islands, ("data", "model"))
+    d = dcn.project(experiment, num_islands, p["num_devices"] // num_islands,
                     assumptions)
-  return {**d, "per_island": island_bytes(p, FLAGS.islands)}
+  return {**d, "per_island": island_bytes(p, num_islands)}
 
 
-def run() -> int:
-  if FLAGS.islands < 1:
-    raise UsageError(f"--islands={FLAGS.islands}; it must be >= 1")
-  gin_params = list(FLAGS.gin_param)
-  experiment = config.load_experiment(FLAGS.gin_file, gin_params)
+def run(request: PlanRequest) -> int:
+  if request.islands < 1:
+    raise UsageError(f"--islands={request.islands}; it must be >= 1")
+  gin_params = list(request.gin_param)
+  experiment = config.load_experiment(request.gin_file, gin_params)
   assumed = source = None
-  if FLAGS.islands > 1:
-    per_island, assumptions, source = _assumptions(experiment)
+  if request.islands > 1:
+    per_island, assumptions, source = _assumptions(request, experiment)
     experiment, gin_params, assumed = island_experiment(
-        experiment, FLAGS.gin_file, gin_params, FLAGS.islands, per_island)
-  experiment, fit_line, fit = _fit(experiment, gin_params)
+        experiment, request.gin_file, gin_params, request.islands, per_island)
+  experiment, fit_line, fit = _fit(request, experiment, gin_params)
   p = plan(experiment)
   if fit:
     p["fit"] = fit
   if assumed:
     p["assumed_mesh"] = assumed
-  if FLAGS.islands > 1:
-    p["islands"] = _project(experiment, p, assumptions)
-  if FLAGS.format == "json":
+  if request.islands > 1:
+    p["islands"] = _project(experiment, p, assumptions, request.islands)
+  if request.format == "json":
     print(json.dumps(p))
   else:
     print(format_text(p))
@@ -398,7 +421,14 @@ def run() -> int:
 
 
 def main(argv) -> int:
-  return errors.run_entry_point(run, argv)
+  request = PlanRequest(
+      gin_file=tuple(FLAGS.gin_file), gin_param=tuple(FLAGS.gin_param),
+      format=FLAGS.format, fit_memory_gib=FLAGS.fit_memory_gib, islands=FLAGS.islands,
+      devices_per_island=FLAGS.devices_per_island,
+      hosts_per_island=FLAGS.hosts_per_island, dcn_gbps_per_host=FLAGS.dcn_gbps_per_host,
+      link_efficiency=FLAGS.link_efficiency, calibrate_from=FLAGS.calibrate_from,
+      overlap=FLAGS.overlap, accelerator=FLAGS.accelerator, mfu=FLAGS.mfu)
+  return errors.run_entry_point(lambda: run(request), argv)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ from typing import Optional
 
 from absl import logging
 
-from tf_tput import config, data, systems
+from tf_tput import config, data, island_split, systems
 from tf_tput.errors import UsageError
 from tf_tput.measure import gemm
 from tf_tput.records import results
 from tf_tput.request import Request
-from tf_tput.runtime import islands, topology as topology_lib
+from tf_tput.runtime import topology as topology_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +75,7 @@ def _check_strategy(request: Request, experiment):
 
 def _check_islands(request: Request, experiment) -> None:
   """Processes tf_tput.launch --islands put in islands train data parallel across them,
-  or as a pipeline whose stages split across them (islands.check_mesh)."""
+  or as a pipeline whose stages split across them (island_split.check_mesh)."""
   num_islands = topology_lib.launched_islands()
   if not num_islands:
     return
@@ -84,7 +84,7 @@ def _check_islands(request: Request, experiment) -> None:
     raise UsageError(f"--system={request.system} does not train across islands; use "
                      f"--system={' or --system='.join(able)} under tf_tput.launch "
                      "--islands")
-  islands.check_mesh(experiment, num_islands, systems.load(request.system).islands,
+  island_split.check_mesh(experiment, num_islands, systems.load(request.system).islands,
                      (request.num_cpu_devices or 0) * topology_lib.launched_processes()[0]
                      or None)
 

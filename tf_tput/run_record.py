@@ -5,7 +5,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from tf_tput import models, pipeline, preflight, systems
+from tf_tput import models, pipeline, preflight, reduction, systems
 from tf_tput.measure import loop, peak as peak_lib
 from tf_tput.records import build, keys, results
 from tf_tput.request import Request
@@ -21,7 +21,7 @@ class Outcome:
   link_timer: Optional[loop.ProbedTimer] = None  # across islands: bytes between them
   # Bytes a step sends between islands by the trainer's own account (mtf counts what
   # its lowering all-reduces or sends; pipelines count stage boundaries); None: one
-  # gradient per parameter, reduced hierarchically (islands.analytic_link_bytes).
+  # gradient per parameter, reduced hierarchically (reduction.analytic_link_bytes).
   analytic_link_bytes: Optional[int] = None
   # How far the run got (devices, peak probe, batches, build, train, trace, record): a
   # failure is recorded under it.
@@ -116,7 +116,7 @@ def _island_fields(experiment, outcome: Outcome, num_devices: int) -> dict:
   one = num_islands <= 1
   analytic = outcome.analytic_link_bytes
   if analytic is None and not one:
-    analytic = islands.analytic_link_bytes(
+    analytic = reduction.analytic_link_bytes(
         outcome.num_params * models.BYTES_PER_VARIABLE_ELEMENT, num_islands)
   return {
       "islands": num_islands, "devices_per_island": num_devices // max(1, num_islands),

@@ -9,6 +9,7 @@ starts; a run that fails after that still appends a record with status "failed".
 """
 
 import dataclasses
+import functools
 import os
 import sys
 from typing import Optional
@@ -17,7 +18,7 @@ from absl import flags
 from absl import logging
 
 from tf_tput import config, data, entry, errors, models, preflight, run_record, systems
-from tf_tput import request as request_lib
+from tf_tput import gemm_probe, request as request_lib
 from tf_tput.errors import UsageError
 from tf_tput.measure import gemm, loop, metrics, peak as peak_lib, peak_store
 from tf_tput.records import build, provenance, results
@@ -244,8 +245,9 @@ def run(request: Request) -> int:
       outcome.stage = "GEMM path probe"
       gemm_started = loop.CLOCK()
       store = _peak_store(system, request.reprobe_peak and writes_record)
-      outcome.gemm = gemm.choose(request.system, system.runtime, request.strategy,
-                                 experiment.model.activation_dtype, store, request.gemm)
+      outcome.gemm = gemm.choose(
+          system.runtime, request.strategy, experiment.model.activation_dtype, store,
+          functools.partial(gemm_probe.probe_in_child, request.system), request.gemm)
       store = store.for_gemm(outcome.gemm and outcome.gemm["path"])
       gemm_s = loop.CLOCK() - gemm_started  # the harness's probes: not startup
       outcome.stage = "devices"

@@ -16,13 +16,13 @@ import pytest
 import process_checks
 from tf_tput import micro
 from tf_tput.records import results
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
 
 # Without root (or iproute2) no private network namespace can be made: tf's servers
 # then listen on every interface, as --expose_servers says (test_no_exposed_servers.py).
-EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
+EXPOSE = [] if namespaces.private_missing() is None else ["--expose_servers"]
 FAST = ["--hosts=2", "--devices_per_host=2", "--chain_length=8", "--computations=16",
         "--repeats=1", "--timeout_s=120", *EXPOSE]
 

@@ -3,7 +3,7 @@
 TensorFlow's gRPC servers listen on every interface whatever address they are given,
 so tf_tput.launch --num_workers and tf_tput.micro start them, and every process that
 talks to them, inside a private network namespace with nothing but loopback
-(runtime.islands.PrivateNetwork), removed however the run ends. `--expose_servers`
+(runtime.namespaces.PrivateNetwork), removed however the run ends. `--expose_servers`
 starts them in this machine's network, as before; without root (or iproute2) both
 entry points refuse in one line naming that flag. The socket checks read this
 machine's own socket table (psutil.net_connections: the test's namespace), and, to
@@ -26,12 +26,12 @@ import psutil
 import pytest
 
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
 
-needs_namespaces = pytest.mark.skipif(islands.private_missing() is not None,
-                                      reason=str(islands.private_missing()))
+needs_namespaces = pytest.mark.skipif(namespaces.private_missing() is not None,
+                                      reason=str(namespaces.private_missing()))
 # With the islands' tests, which compare `ip netns list` before and after.
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"),
               pytest.mark.xdist_group("islands")]
@@ -99,7 +99,7 @@ def _interfaces(pid: int) -> list:
 
 
 def _namespaces_of(pid: int) -> list:
-  return [n for n in islands.list_namespaces() if n.startswith(f"tt{pid}")]
+  return [n for n in namespaces.list_namespaces() if n.startswith(f"tt{pid}")]
 
 
 def _tf_tasks(root_pid: int, timeout: float = 120) -> list:
@@ -260,10 +260,10 @@ def _as_not_root(module: str, *args):
 
 def test_what_a_private_namespace_needs(monkeypatch):
   monkeypatch.setattr(os, "geteuid", lambda: 1000)
-  assert "need root (this process runs as uid 1000)" in islands.private_missing()
+  assert "need root (this process runs as uid 1000)" in namespaces.private_missing()
   with pytest.raises(UsageError, match="need root"):
-    with islands.PrivateNetwork():
+    with namespaces.PrivateNetwork():
       pass
   monkeypatch.setattr(os, "geteuid", lambda: 0)
   monkeypatch.setattr(shutil, "which", lambda tool: None)
-  assert "iproute2's 'ip'" in islands.private_missing()
+  assert "iproute2's 'ip'" in namespaces.private_missing()

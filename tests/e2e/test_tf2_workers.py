@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tf_tput.records import results
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 from cli_helpers import Launched, error_lines, run_cli
 
@@ -25,7 +25,7 @@ TRAIN = ["--system=tf2", "--gin_file=gin/models/decoder_tiny.gin",
          "--gin_param=DataConfig.targets_length = 32", "--steps=4", "--warmup_steps=1"]
 # Without root (or iproute2) no private network namespace can be made: the workers then
 # run in this machine's network, as --expose_servers says (test_no_exposed_servers.py).
-EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
+EXPOSE = [] if namespaces.private_missing() is None else ["--expose_servers"]
 
 
 def test_two_workers_train_the_two_replica_function_and_one_record_is_written(tmp_path):

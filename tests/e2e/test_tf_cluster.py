@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tf_tput.records import provenance, results
-from tf_tput.runtime import islands, processes
+from tf_tput.runtime import namespaces, processes
 
 from cli_helpers import REPO, Launched, error_lines, run_cli
 
@@ -31,7 +31,7 @@ TRAIN = ["--", sys.executable, "-m", "tf_tput.train", "--system=mtf",
          "--gin_param=ModelConfig.num_layers = 1", "--warmup_steps=1"]
 # Without root (or iproute2) no private network namespace can be made: the servers then
 # listen on every interface, as --expose_servers says (test_no_exposed_servers.py).
-EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
+EXPOSE = [] if namespaces.private_missing() is None else ["--expose_servers"]
 LAUNCH_2X2 = ["--num_workers=2", "--devices_per_worker=2", "--grace_s=2", *EXPOSE]
 MESH_2X2 = "--gin_file=gin/mesh/data2_model2.gin"
 

@@ -3,7 +3,7 @@ given only its own TF_CONFIG, the chief drives, and each worker serves it (the s
 train command, or the TF server module started by hand) until it has come and gone.
 
 TF's gRPC servers listen on every interface, so each test's processes run inside a
-private network namespace with nothing but loopback (runtime.islands.PrivateNetwork),
+private network namespace with nothing but loopback (runtime.namespaces.PrivateNetwork),
 where the cluster's fixed ports are free. After every test no process it started is
 left running (tests/conftest.py).
 """
@@ -18,15 +18,15 @@ import time
 import pytest
 
 from tf_tput.records import results
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 from cli_helpers import REPO, error_lines
 
 # With the islands' tests, which compare `ip netns list` before and after.
 pytestmark = [pytest.mark.usefixtures("no_leftover_processes"),
               pytest.mark.xdist_group("islands"),
-              pytest.mark.skipif(islands.private_missing() is not None,
-                                 reason=str(islands.private_missing()))]
+              pytest.mark.skipif(namespaces.private_missing() is not None,
+                                 reason=str(namespaces.private_missing()))]
 
 CLUSTER = {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]}
 # The command every pod of the job runs: t5_tiny over the two workers' devices.
@@ -73,13 +73,13 @@ class Cluster:
 
 @contextlib.contextmanager
 def _private_cluster(tmp_path):
-  with islands.PrivateNetwork() as net:
+  with namespaces.PrivateNetwork() as net:
     cluster = Cluster(net, tmp_path)
     try:
       yield cluster
     finally:
       cluster.kill_all()
-  assert net.namespace not in islands.list_namespaces()
+  assert net.namespace not in namespaces.list_namespaces()
 
 
 def test_a_chief_drives_workers_that_each_have_only_their_tf_config_then_all_exit(

@@ -1,4 +1,5 @@
-"""tf_tput/runtime/islands.py: namespaces, shaped links, counters, and no leftovers.
+"""tf_tput/runtime/islands.py and namespaces.py: namespaces, shaped links, counters, and no
+leftovers.
 
 Needs root and iproute2 (skipped otherwise, with the reason). Traffic stays inside
 the namespaces the tests make, on 198.18.0.0/15 addresses.
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands
+from tf_tput.runtime import islands, namespaces
 
 from process_checks import namespaces_left
 
@@ -69,7 +70,7 @@ def _send(net, to: int, senders, nbytes: int) -> tuple:
 @needs_islands
 def test_two_islands_send_at_most_the_link_rate_and_count_the_bytes():
   with islands.IslandNetwork(2, 8 * 10**6) as net:  # 8 Mbit/s: 1 MB takes >= 1 s
-    assert {i.namespace for i in net.islands} <= set(islands.list_namespaces())
+    assert {i.namespace for i in net.islands} <= set(namespaces.list_namespaces())
     assert all(i.address.startswith("198.18.") for i in net.islands)
     resolved = subprocess.run(net.islands[1].exec_prefix() + [
         sys.executable, "-c", "import socket; print(socket.gethostbyname(socket.gethostname()))"],
@@ -99,7 +100,7 @@ def test_an_error_inside_removes_everything():
     with islands.IslandNetwork(2, 10**9):
       raise RuntimeError("boom")
   assert namespaces_left(os.getpid()) == []
-  assert not list(islands.NETNS_ETC.glob(f"tt{os.getpid()}*"))
+  assert not list(namespaces.NETNS_ETC.glob(f"tt{os.getpid()}*"))
 
 
 @needs_islands
@@ -125,7 +126,7 @@ def test_a_maker_that_is_killed_leaves_nothing(sig):
     while namespaces_left(maker.pid) and time.monotonic() < deadline:
       time.sleep(0.2)
     assert namespaces_left(maker.pid) == []
-    assert not any((islands.NETNS_ETC / f"tt{maker.pid}i{k}").exists() for k in range(3))
+    assert not any((namespaces.NETNS_ETC / f"tt{maker.pid}i{k}").exists() for k in range(3))
     assert not psutil.pid_exists(int(inside)) or psutil.Process(
         int(inside)).status() == psutil.STATUS_ZOMBIE
   finally:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tf_tput import runtime as runtime_lib
+from tf_tput import gemm_probe, runtime as runtime_lib
 from tf_tput.errors import UsageError
 from tf_tput.measure import gemm, peak_store
 from tf_tput.systems.tensorflow import runtime as tf_runtime
@@ -29,20 +29,22 @@ PATHS = {"slow": {"TF_TPUT_TEST_GEMM": "slow"}, "fast": {"TF_TPUT_TEST_GEMM": "f
 FLOPS = {"slow": 100e9, "fast": 150e9}
 
 
-@pytest.fixture
-def probes(monkeypatch):
-  """Child probes answered from FLOPS ('broken' fails), counted."""
-  asked = []
+class Probes(list):
+  """A probe (choose's) answering from FLOPS ('broken' fails); the paths it was
+  asked for, in order."""
 
-  def probe(system_name, environment, dtype, n=2048):
+  def __call__(self, environment, dtype):
     name = environment["TF_TPUT_TEST_GEMM"]
-    asked.append(name)
+    self.append(name)
     if name not in FLOPS:
       raise RuntimeError("exit 1: no such library")
     return FLOPS[name]
-  monkeypatch.setattr(gemm, "probe_in_child", probe)
+
+
+@pytest.fixture
+def probes(monkeypatch):
   monkeypatch.delenv("TF_TPUT_TEST_GEMM", raising=False)
-  return asked
+  return Probes()
 
 
 def _store(tmp_path, reprobe=False):
@@ -50,7 +52,7 @@ def _store(tmp_path, reprobe=False):
 
 
 def test_the_fastest_probe_is_chosen_and_each_path_kept(tmp_path, probes):
-  chosen = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path))
+  chosen = gemm.choose(FakeRuntime(PATHS), "local", "float32", _store(tmp_path), probes)
   assert chosen["path"] == "fast" and chosen["chosen_by"] == "the fastest probe"
   assert chosen["probed_gflops"]["slow"] == 100.0
   assert chosen["probed_gflops"]["broken"].startswith("probe failed: exit 1")
@@ -60,23 +62,23 @@ def test_the_fastest_probe_is_chosen_and_each_path_kept(tmp_path, probes):
   assert _store(tmp_path).get("fake", "float32", 2048) is None  # per path only
   # A second run reads the kept probes; only the failed one is probed again.
   del probes[:]
-  again = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path))
+  again = gemm.choose(FakeRuntime(PATHS), "local", "float32", _store(tmp_path), probes)
   assert probes == ["broken"] and again["path"] == "fast"
   # --reprobe_peak probes every path again.
   del probes[:]
-  gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path, True))
+  gemm.choose(FakeRuntime(PATHS), "local", "float32", _store(tmp_path, True), probes)
   assert probes == list(PATHS)
 
 
 def test_forced_only_and_no_paths(tmp_path, probes):
-  forced = gemm.choose("fake", FakeRuntime(PATHS), "local", "float32", _store(tmp_path),
+  forced = gemm.choose(FakeRuntime(PATHS), "local", "float32", _store(tmp_path), probes,
                        requested="slow")
   assert forced == {"path": "slow", "chosen_by": "--gemm", "probed_gflops": {}}
   assert os.environ["TF_TPUT_TEST_GEMM"] == "slow"
-  only = gemm.choose("fake", FakeRuntime({"fast": PATHS["fast"]}), "local", "float32",
-                     _store(tmp_path))
+  only = gemm.choose(FakeRuntime({"fast": PATHS["fast"]}), "local", "float32",
+                     _store(tmp_path), probes)
   assert only["chosen_by"] == "the only path offered"
-  assert gemm.choose("fake", FakeRuntime({}), "local", "float32", _store(tmp_path)) is None
+  assert gemm.choose(FakeRuntime({}), "local", "float32", _store(tmp_path), probes) is None
   assert probes == []
 
 
@@ -87,25 +89,25 @@ class NamedOnlyRuntime(FakeRuntime):
 def test_a_path_named_only_is_forced_never_probed(tmp_path, probes):
   runtime = NamedOnlyRuntime(PATHS)
   gemm.check(runtime, "local", "float32", "fast")  # --gemm may name it
-  chosen = gemm.choose("fake", runtime, "local", "float32", _store(tmp_path))
+  chosen = gemm.choose(runtime, "local", "float32", _store(tmp_path), probes)
   assert probes == ["slow", "broken"] and chosen["path"] == "slow"
   assert chosen["probed_gflops"]["fast"] == (
       "not probed: runs only where --gemm=fast or TF_TPUT_TEST_GEMM=fast names it")
   assert "absent" not in chosen["probed_gflops"]  # named only, but not offered
-  forced = gemm.choose("fake", runtime, "local", "float32", _store(tmp_path), "fast")
+  forced = gemm.choose(runtime, "local", "float32", _store(tmp_path), probes, "fast")
   assert forced["path"] == "fast" and os.environ["TF_TPUT_TEST_GEMM"] == "fast"
   # One path left to auto is chosen unprobed; the one path offered is that one.
   del probes[:]
   two = {"slow": PATHS["slow"], "fast": PATHS["fast"]}
-  chosen = gemm.choose("fake", NamedOnlyRuntime(two), "local", "float32",
-                       _store(tmp_path))
+  chosen = gemm.choose(NamedOnlyRuntime(two), "local", "float32",
+                       _store(tmp_path), probes)
   assert chosen["path"] == "slow" and chosen["chosen_by"] == "the only path auto chooses"
-  only = gemm.choose("fake", NamedOnlyRuntime({"fast": PATHS["fast"]}), "local",
-                     "float32", _store(tmp_path))
+  only = gemm.choose(NamedOnlyRuntime({"fast": PATHS["fast"]}), "local",
+                     "float32", _store(tmp_path), probes)
   assert only == {"path": "fast", "chosen_by": "the only path offered",
                   "probed_gflops": {}}
-  every = gemm.choose("fake", NamedOnlyRuntime({"fast": PATHS["fast"], "absent": {}}),
-                      "local", "float32", _store(tmp_path))
+  every = gemm.choose(NamedOnlyRuntime({"fast": PATHS["fast"], "absent": {}}),
+                      "local", "float32", _store(tmp_path), probes)
   assert every["path"] == "fast"
   assert every["chosen_by"] == "every path is named only: the first"
   assert probes == []
@@ -116,16 +118,22 @@ class PlainRuntime(runtime_lib.Runtime):
 
 
 def test_a_runtime_that_declares_no_paths_offers_none(tmp_path, probes):
-  assert gemm.choose("plain", PlainRuntime(), "local", "float32", _store(tmp_path)) is None
+  assert gemm.choose(PlainRuntime(), "local", "float32", _store(tmp_path), probes) is None
   gemm.check(PlainRuntime(), "local", "float32", gemm.AUTO)
   assert probes == []
 
 
 def test_every_probe_failing_runs_the_first_path(tmp_path, probes):
   offered = {"broken": PATHS["broken"], "also": {"TF_TPUT_TEST_GEMM": "also"}}
-  chosen = gemm.choose("fake", FakeRuntime(offered), "local", "float32", _store(tmp_path))
+  chosen = gemm.choose(FakeRuntime(offered), "local", "float32", _store(tmp_path), probes)
   assert chosen["path"] == "broken"
   assert chosen["chosen_by"] == "every probe failed: the first path"
+
+
+def test_a_child_probe_that_fails_is_an_error_with_its_last_words():
+  """tf_tput/gemm_probe.py, train's probe: the child loads the system named."""
+  with pytest.raises(RuntimeError, match=r"^exit 1: .*--system=nosuch is not a system"):
+    gemm_probe.probe_in_child("nosuch", {}, "float32", n=8)
 
 
 def test_an_unknown_path_is_one_error_line():

@@ -105,6 +105,29 @@ def test_config_pipeline_and_models_import_one_way():
   assert not {"tf_tput.config", "tf_tput.pipeline"} & graph["tf_tput.models"]
 
 
+# measure/ sits below systems/ and runtime/: a caller passes what it needs of them (a
+# Runtime, a Topology, gemm.choose's probe). What it still reads of runtime/ directly:
+# this process's CPUs (runtime/cpus.py) and its launcher's CPU binding
+# (runtime/topology.launched), which the CPU peak and its store are keyed by.
+MEASURE_READS_OF_RUNTIME = {
+    "tf_tput.measure.peak": {"tf_tput.runtime.cpus", "tf_tput.runtime.topology"},
+    "tf_tput.measure.peak_store": {"tf_tput.runtime.cpus"},
+}
+
+
+def test_measure_imports_nothing_above_it():
+  graph = _parsed_graph()
+  measure = {name: imported for name, imported in graph.items()
+             if name.split(".")[:2] == ["tf_tput", "measure"]}
+  assert "tf_tput.measure.gemm" in measure
+  above = {name: sorted(m for m in imported if m.split(".")[1:2] in (["systems"], ["runtime"])
+                        and m not in MEASURE_READS_OF_RUNTIME.get(name, ()))
+           for name, imported in measure.items()}
+  assert not any(above.values()), (
+      f"tf_tput/measure imports from systems/ or runtime/, which sit above it; pass what "
+      f"it needs from the caller instead: { {k: v for k, v in above.items() if v} }")
+
+
 def test_no_module_imports_one_that_imports_it_back():
   graph = _parsed_graph()
   mtf = "tf_tput.systems.tensorflow.mtf"

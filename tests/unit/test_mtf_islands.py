@@ -91,13 +91,13 @@ def test_a_model_axis_before_the_batch_axis_is_one_line():
   """Each island must hold a block of the mesh: the batch axis comes first."""
   from tf_tput import config
   from tf_tput.errors import UsageError
-  from tf_tput.runtime import islands
+  from tf_tput import island_split
   experiment = config.load_experiment(["gin/models/decoder_tiny.gin"],
                                       ["MeshConfig.mesh_shape = 'model:2;batch:2'"])
   with pytest.raises(UsageError, match="must come first.*'batch:2;model:2'"):
-    islands.check_mesh(experiment, 2, ("data", "model"))
+    island_split.check_mesh(experiment, 2, ("data", "model"))
   with pytest.raises(UsageError, match="or a system that splits the model inside islands"):
-    islands.check_mesh(experiment, 2, ("data",))
+    island_split.check_mesh(experiment, 2, ("data",))
   good = config.load_experiment(["gin/models/decoder_tiny.gin"],
                                 ["MeshConfig.mesh_shape = 'batch:2;model:2'"])
-  islands.check_mesh(good, 2, ("data", "model"))
+  island_split.check_mesh(good, 2, ("data", "model"))

@@ -3,9 +3,8 @@ schedule sends over the links, by hand (tests/e2e/test_islands_cli.py counts the
 
 import pytest
 
-from tf_tput import config, models
+from tf_tput import config, island_split, models, reduction
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands
 from tf_tput.systems.jax import pipeline as jax_pipeline
 
 PIPELINE = ["gin/models/decoder_deep.gin", "gin/mesh/data2.gin", "gin/pipeline/s4_m16.gin"]
@@ -18,28 +17,28 @@ def _experiment(*extra):
 
 def test_stages_split_across_islands_in_equal_runs():
   e = _experiment()
-  islands.check_mesh(e, 2, ("data", "pipeline"))
-  islands.check_mesh(e, 4, ("data", "pipeline"))
-  assert [islands.island_of_stage(s, 4, 2) for s in range(4)] == [0, 0, 1, 1]
+  island_split.check_mesh(e, 2, ("data", "pipeline"))
+  island_split.check_mesh(e, 4, ("data", "pipeline"))
+  assert [island_split.island_of_stage(s, 4, 2) for s in range(4)] == [0, 0, 1, 1]
   with pytest.raises(UsageError, match="PipelineConfig.stages = 4 across 3 islands.*"
                      "multiple of 3"):
-    islands.check_mesh(e, 3, ("data", "pipeline"))
+    island_split.check_mesh(e, 3, ("data", "pipeline"))
   with pytest.raises(UsageError, match="data parallel across islands; drop the pipeline"):
-    islands.check_mesh(e, 2, ("data",))
+    island_split.check_mesh(e, 2, ("data",))
 
 
 def test_a_ring_crosses_the_islands_on_k_edges():
-  assert islands.ring_link_bytes(1000, 4, 1) == 0
-  assert islands.ring_link_bytes(1000, 4, 2) == 2 * 2 * 3 * 1000 // 4  # 2 edges x 3/2
-  assert islands.analytic_link_bytes(1000, 3) == 4000  # 2(K-1) copies: one member each
+  assert reduction.ring_link_bytes(1000, 4, 1) == 0
+  assert reduction.ring_link_bytes(1000, 4, 2) == 2 * 2 * 3 * 1000 // 4  # 2 edges x 3/2
+  assert reduction.analytic_link_bytes(1000, 3) == 4000  # 2(K-1) copies: one member each
 
 
 def test_a_ring_placed_anyhow_crosses_on_the_edges_between_islands():
   """Ray's placement decides where each actor is: interleaved, every edge crosses."""
-  assert islands.ring_bytes_between(1000, ["a", "a", "b", "b"]) == 2 * 2 * 3 * 1000 // 4
-  assert islands.ring_bytes_between(1000, ["a", "b", "a", "b"]) == 4 * 2 * 3 * 1000 // 4
-  assert islands.ring_bytes_between(1000, ["a", "a"]) == 0  # packed on one node
-  assert islands.ring_bytes_between(1000, ["a"]) == 0
+  assert reduction.ring_bytes_between(1000, ["a", "a", "b", "b"]) == 2 * 2 * 3 * 1000 // 4
+  assert reduction.ring_bytes_between(1000, ["a", "b", "a", "b"]) == 4 * 2 * 3 * 1000 // 4
+  assert reduction.ring_bytes_between(1000, ["a", "a"]) == 0  # packed on one node
+  assert reduction.ring_bytes_between(1000, ["a"]) == 0
 
 
 @pytest.mark.parametrize("num_islands", [2, 4])
@@ -64,27 +63,27 @@ def test_a_mesh_that_does_not_split_names_the_mesh_to_pass():
   assert (GIN_DIR / "mesh" / "data4.gin").is_file()
   single = config.load_experiment(["gin/models/t5_tiny.gin"])
   with pytest.raises(UsageError) as raised:
-    islands.check_mesh(single, 2, ("data",), num_devices=4)
+    island_split.check_mesh(single, 2, ("data",), num_devices=4)
   assert str(raised.value) == (
       "batch axis 'batch' does not split into 2 islands; the mesh is 'batch:1' (1 device) "
       "but 4 devices run: pass a mesh with 4 devices such as --gin_file=data4")
   # The flag it names gives a mesh that splits.
-  islands.check_mesh(config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data4.gin"]),
+  island_split.check_mesh(config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data4.gin"]),
                      2, ("data",), num_devices=4)
   # No mesh file of that size: the binding to pass.
   with pytest.raises(UsageError, match=r"but 6 devices run: pass a mesh with 6 devices "
                      r"such as --gin_param=\"MeshConfig.mesh_shape = 'batch:6'\"$"):
-    islands.check_mesh(single, 2, ("data",), num_devices=6)
+    island_split.check_mesh(single, 2, ("data",), num_devices=6)
   # A device count that does not split, and an unknown one (accelerators).
   with pytest.raises(UsageError, match="3 devices run, which do not split into 2 islands: "
                      "run a multiple of 2 devices .* --gin_file=data2"):
-    islands.check_mesh(single, 2, ("data",), num_devices=3)
+    island_split.check_mesh(single, 2, ("data",), num_devices=3)
   with pytest.raises(UsageError, match=r"the mesh is 'batch:1' \(1 device\): pass a mesh "
                      r"over all the run's devices .* --gin_file=data2"):
-    islands.check_mesh(single, 2, ("data",))
+    island_split.check_mesh(single, 2, ("data",))
   # mtf splits the model inside islands: its mesh has all the devices, the batch 1.
   model_only = config.load_experiment(["gin/models/t5_tiny.gin"],
                                       ["MeshConfig.mesh_shape = 'batch:1;model:4'"])
   with pytest.raises(UsageError, match=r"the mesh is 'batch:1;model:4' \(4 devices\) and 4 "
                      "devices run: .* --gin_file=data4"):
-    islands.check_mesh(model_only, 2, ("data", "model"), num_devices=4)
+    island_split.check_mesh(model_only, 2, ("data", "model"), num_devices=4)

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from tf_tput import REPO_ROOT
-from tf_tput.report import compare, console, document, published, tables
+from tf_tput.report import (bands, compare, configs, console, csv_rows, dispatch,
+                            document, footnotes, islands_table, peaks, published,
+                            table1, table2)
 
 from record_fixtures import ENV, micro_record, train_record
 
@@ -18,17 +20,23 @@ def test_published_figures_equal_the_shared_reference():
   if not SHARED_REFERENCE.is_file():
     pytest.skip(f"{SHARED_REFERENCE} is not on this machine")
   ref = json.loads(SHARED_REFERENCE.read_text())
-  assert {row["model"]: (row["params_as_published"], row["tpu_cores"], row["jax"],
-                         row["pathways"]) for row in ref["table1_t5"]["rows"]} == \
-      published.TABLE1_T5
-  assert [(r["config"], r["stages"], r["micro_batches"], r["tpu_cores"],
-           r["tokens_per_sec"]) for r in ref["table2_decoder_3b"]["rows"]] == \
-      published.TABLE2_DECODER_3B
-  assert [(r["hosts"], r["tpus"], r["config"], r["ms"])
+  # Each copied figure built from the file by its field's name: a field that reads
+  # another column of the file fails here.
+  assert {row["model"]: published.T5Row(
+      params=row["params_as_published"], cores=row["tpu_cores"],
+      jax_tokens_per_sec=row["jax"], pathways_tokens_per_sec=row["pathways"])
+          for row in ref["table1_t5"]["rows"]} == published.TABLE1_T5
+  assert [published.DecoderRow(config=r["config"], stages=r["stages"],
+                               micro_batches=r["micro_batches"], cores=r["tpu_cores"],
+                               tokens_per_sec=r["tokens_per_sec"])
+          for r in ref["table2_decoder_3b"]["rows"]] == published.TABLE2_DECODER_3B
+  assert [published.CrossoverRow(hosts=r["hosts"], tpus=r["tpus"], config=r["config"],
+                                 ms=r["ms"])
           for r in ref["fig6_crossover"]["rows"]] == published.FIG6_CROSSOVER_MS
-  islands = {model: (row["islands"], row["per_island"],
-                     float(row["bytes_per_reduction"].split()[0]) * 1e9,
-                     float(str(row["fraction_of_single_island_throughput"]).split()[-1]))
+  islands = {model: published.IslandsRow(
+      islands=row["islands"], cores_per_island=row["per_island"],
+      bytes_per_reduction=float(row["bytes_per_reduction"].split()[0]) * 1e9,
+      fraction=float(str(row["fraction_of_single_island_throughput"]).split()[-1]))
              for model, row in ref["multi_island_dcn"].items() if model != "note"}
   assert islands == published.MULTI_ISLAND
   assert ref["table1_t5"]["hardware"] == published.HARDWARE
@@ -37,7 +45,7 @@ def test_published_figures_equal_the_shared_reference():
 
 def test_one_run_spread_is_its_p10_p90_step_rate():
   r = train_record(tokens_per_sec=2000.0, step_s=(0.8, 1.0, 1.6))
-  median, low, high = tables.tokens_band([r])
+  median, low, high = bands.tokens_band([r])
   assert median == 2000.0
   assert low == pytest.approx(2048 / 1.6) and high == pytest.approx(2048 / 0.8)
 
@@ -45,7 +53,7 @@ def test_one_run_spread_is_its_p10_p90_step_rate():
 def test_several_runs_spread_covers_run_to_run_range():
   runs = [train_record(tokens_per_sec=t, step_s=(2048 / t,) * 3, run_id=str(t))
           for t in (1000.0, 1500.0, 3000.0)]
-  assert tables.tokens_band(runs) == (1500.0, pytest.approx(1000.0), pytest.approx(3000.0))
+  assert bands.tokens_band(runs) == (1500.0, pytest.approx(1000.0), pytest.approx(3000.0))
 
 
 def _fixture_records() -> list:
@@ -63,7 +71,7 @@ def _fixture_records() -> list:
 
 
 def test_table1_one_row_per_configuration_and_system():
-  header, rows = tables.table1(_fixture_records())
+  header, rows = table1.table1(_fixture_records())
   assert header == ["model", "params", "dtype", "devices", "mesh", "strategy", "batch",
                     "system", "runs", "tokens/s [spread]", "step median (s)", "MFU",
                     "vs mtf", "startup (s): build + warmup",
@@ -87,7 +95,7 @@ def test_table1_one_row_per_configuration_and_system():
           base_jax["implied MFU (derived)"]) == published_cells  # on every system's row
   small = by_row[("t5_small", "jax")]
   assert (small["tokens/s [spread]"], small["runs"], small["vs mtf"]) == (
-      tables.NO_OK_RUN, "0 (1 failed, 1 interrupted)", "–")  # neither counted
+      footnotes.NO_OK_RUN, "0 (1 failed, 1 interrupted)", "–")  # neither counted
   assert small["published JAX / Pathways tokens/s (TPUv3 cores)"] == "–"
   assert small["startup (s): build + warmup"] == "–"
   assert small["implied MFU (derived)"] == "–"
@@ -96,15 +104,15 @@ def test_table1_one_row_per_configuration_and_system():
 
 def test_table1_adds_a_row_not_columns_per_system():
   records = _fixture_records()
-  header, rows = tables.table1(records)
+  header, rows = table1.table1(records)
   more = records + [train_record("t5_base", name, 200.0, run_id=name)
                     for name in ("tf2", "pathways_like")]
-  more_header, more_rows = tables.table1(more)
+  more_header, more_rows = table1.table1(more)
   assert more_header == header and len(more_rows) == len(rows) + 2
   row = dict(zip(header, next(r for r in more_rows if r[7] == "tf2"), strict=True))
   assert row["vs mtf"] == f"{200 / 110:.2f}x"
   # Without mtf the first system by name is the baseline.
-  header, rows = tables.table1([r for r in more if r["system"] != "mtf"])
+  header, rows = table1.table1([r for r in more if r["system"] != "mtf"])
   assert "vs jax" in header
   jax_row = dict(zip(header, next(r for r in rows if r[:1] == ["t5_base"] and r[7] == "jax"), strict=True))
   tf2_row = dict(zip(header, next(r for r in rows if r[7] == "tf2"), strict=True))
@@ -116,15 +124,15 @@ def test_a_variant_is_a_system_of_its_own_beside_its_default_way():
   ratio to mtf; a record without a variant is left as it is."""
   mtf = train_record("t5_base", "mtf", 100.0, run_id="m")
   eager = train_record("t5_base", "torch", 120.0, run_id="e")
-  compiled = tables.variant_as_system(train_record(
+  compiled = configs.variant_as_system(train_record(
       "t5_base", "torch", 150.0, run_id="c", variant="TorchOptions.compile=True"))
-  assert tables.variant_as_system(eager) is eager
+  assert configs.variant_as_system(eager) is eager
   assert compiled["system"] == "torch [TorchOptions.compile=True]"
-  header, rows = tables.table1([mtf, eager, compiled])
+  header, rows = table1.table1([mtf, eager, compiled])
   ratios = {row[7]: dict(zip(header, row, strict=True))["vs mtf"] for row in rows}
   assert ratios == {"mtf": "1.00x", "torch": "1.20x",
                     "torch [TorchOptions.compile=True]": "1.50x"}
-  assert tables.train_key(eager) != tables.train_key(compiled)  # --compare apart too
+  assert configs.train_key(eager) != configs.train_key(compiled)  # --compare apart too
 
 
 def test_peak_lines_list_each_distinct_peak_once():
@@ -142,10 +150,10 @@ def test_peak_lines_list_each_distinct_peak_once():
                    peak_source="table:h200:bfloat16"),
       train_record(system="mtf", peak_flops_per_device=None, mfu=None, run_id="e",
                    peak_source="none: no peak table entry for 'Tesla T4' at float32")]
-  lines = tables.peak_lines(records)
+  lines = peaks.peak_lines(records)
   text = "\n".join(lines)
   assert len(lines) == 3, text  # one per distinct peak, however many runs used it
-  assert max(len(line) for l in lines for line in l.splitlines()) <= tables.PEAKS_WIDTH
+  assert max(len(line) for l in lines for line in l.splitlines()) <= peaks.PEAKS_WIDTH
   assert " ".join(lines[0].split()) == (
       "- measured: jax 2048x2048 float32 matmul on the host CPU (2 cores), shared by 1 "
       "virtual device(s): 60–93.4 GFLOP/s/device; 3 run(s): jax t5_tiny batch:2;model:2 "
@@ -163,7 +171,7 @@ def test_micro_table_statuses_and_order():
              micro_record("jax", "chained", status="not_applicable", run_id="2"),
              micro_record("tf", "opbyop", repeats=(10.0, 20.0, 30.0), run_id="3"),
              micro_record("tf", "opbyop", hosts=2, status="failed", run_id="4")]
-  header, rows = tables.micro_table(records)
+  header, rows = dispatch.micro_table(records)
   assert header == ["hosts", "devices", "tf opbyop", "jax opbyop", "jax chained"]
   assert rows[0] == ["1", "2", "20 [10–30]", "1,000 [900–1.1k]", "not applicable"]
   assert rows[1] == ["2", "4", "failed", "not run", "not run"]
@@ -184,7 +192,7 @@ def test_crossover_table_shows_asked_and_measured_ms_and_the_share_of_jax():
              # From before computation_ms_measured existed: shown as unknown.
              {k: v for k, v in _crossover("jax", 2, 0.3, 42, 100.0).items()
               if k != "computation_ms_measured"}]
-  header, rows = tables.crossover_table(records)
+  header, rows = dispatch.crossover_table(records)
   assert header == ["hosts", "devices", "ms asked", "ms measured", "matmul n",
                     "tf computations/s", "jax computations/s", "tf/jax"]
   assert rows == [["1", "2", "0.3", "0.45", "42", "500", "2,000", "25%"],
@@ -284,12 +292,12 @@ def test_compare_micro_judges_runs_not_their_repeats():
 
 
 def test_csv_rows_fit_the_columns():
-  columns = set(tables.csv_columns())
+  columns = set(csv_rows.csv_columns())
   for r in _fixture_records() + [micro_record()]:
-    row = tables.csv_row(r)
+    row = csv_rows.csv_row(r)
     assert set(row) <= columns, set(row) - columns
     assert "config" not in row
-  assert tables.csv_row(_fixture_records()[0])["step_time_p90_s"] == 21
+  assert csv_rows.csv_row(_fixture_records()[0])["step_time_p90_s"] == 21
 
 
 def test_report_markdown_sections():
@@ -316,13 +324,13 @@ def test_a_gather_embedding_run_is_not_compared_with_one_hot_mtf():
   same = train_record(system="jax", tokens_per_sec=1500.0, run_id="j1")
   cheaper = train_record(system="jax", tokens_per_sec=3000.0, run_id="j2",
                          embedding="gather")
-  lines = tables.format_table([mtf, same, cheaper]).splitlines()
+  lines = console.format_table([mtf, same, cheaper]).splitlines()
   assert "1.50x" in lines[3] and "float32 gather" not in lines[3]
   assert "float32 gather" in lines[4] and "3.00x" not in lines[4]
-  assert tables.config_key(same) != tables.config_key(cheaper)
+  assert configs.config_key(same) != configs.config_key(cheaper)
   old = dict(cheaper)
   del old["embedding"]  # written before records carried it: its own configuration
-  assert tables.config_key(old) not in (tables.config_key(same), tables.config_key(cheaper))
+  assert configs.config_key(old) not in (configs.config_key(same), configs.config_key(cheaper))
 
 
 def _cluster_env(cpu: str, first_port: int) -> dict:
@@ -338,11 +346,11 @@ def test_mfu_at_best_groups_by_machine_not_by_worker_ports():
                         env=_cluster_env(cpu, port), peak_flops_per_device=peak,
                         run_id=run_id)
   here = [cluster_run("Test CPU", 20000, 1e11, "a"), cluster_run("Test CPU", 31000, 2e11, "b")]
-  assert tables.best_peaks(here) == {tables._hardware(here[0]): 2e11 * 4}
+  assert peaks.best_peaks(here) == {peaks._hardware(here[0]): 2e11 * 4}
   other = cluster_run("Other CPU", 20000, 3e11, "c")
-  peaks = tables.best_peaks(here + [other])
-  assert len(peaks) == 2 and peaks[tables._hardware(here[0])] == 2e11 * 4
-  assert peaks[tables._hardware(other)] == 3e11 * 4
+  best = peaks.best_peaks(here + [other])
+  assert len(best) == 2 and best[peaks._hardware(here[0])] == 2e11 * 4
+  assert best[peaks._hardware(other)] == 3e11 * 4
 
 
 def test_implied_mfu_of_table2_spmd_by_hand():
@@ -360,14 +368,14 @@ def test_runs_with_different_sync_every_are_kept_apart():
   mtf = train_record(system="mtf", tokens_per_sec=1000.0)
   every = train_record(system="jax", tokens_per_sec=1500.0, run_id="j1")
   windowed = train_record(system="jax", tokens_per_sec=2000.0, run_id="j2", sync_every=4)
-  lines = tables.format_table([mtf, every, windowed]).splitlines()
+  lines = console.format_table([mtf, every, windowed]).splitlines()
   assert "1.50x" in lines[3] and "sync" not in lines[3]
   assert "float32 sync 4" in lines[4] and "2.00x" not in lines[4]
   old = {k: v for k, v in every.items() if k != "sync_every"}  # written before the field
-  assert tables.dtype_label(old) == "float32"
+  assert configs.dtype_label(old) == "float32"
   # ... when the loop fetched every step: the same configuration as sync_every 1.
-  assert tables.config_key(old) == tables.config_key(every) != tables.config_key(windowed)
-  old_line = tables.format_table([mtf, old]).splitlines()[3]
+  assert configs.config_key(old) == configs.config_key(every) != configs.config_key(windowed)
+  old_line = console.format_table([mtf, old]).splitlines()[3]
   assert "1.50x" in old_line
   from tf_tput.report import plots
   assert "float32 sync 4" in plots._config_label(windowed)
@@ -389,7 +397,7 @@ def test_table2_rows_per_partitioning_against_each_systems_spmd_and_the_paper():
              _decoder("jax", 900.0, 16, 64, "batch:8", run_id="d"),
              # another global batch: its own group, not compared with the others
              _decoder("jax", 50.0, 4, 16, "batch:32", run_id="e", global_batch=16)]
-  header, rows = tables.table2(records)
+  header, rows = table2.table2(records)
   by_part = {(row[4], row[3]): dict(zip(header, row, strict=True)) for row in rows}
   spmd = by_part[("SPMD batch:2;model:4", "8 x 128")]
   assert spmd["jax vs SPMD"] == "1.00x" and spmd["mtf vs SPMD"] == "1.00x"
@@ -401,8 +409,9 @@ def test_table2_rows_per_partitioning_against_each_systems_spmd_and_the_paper():
   assert s16["published Pathways tokens/s (TPUv3 cores)"] == "131,400 (128)"  # not 512's
   alone = by_part[("pipeline 4x16, batch:32 per stage", "16 x 128")]
   assert alone["jax vs SPMD"] == "–"  # no SPMD row at that batch
-  assert published.table_row(_decoder("jax", 1.0, 16, 64, num_devices=512))[3] == 507800
-  assert tables.dtype_label(records[2]) == "float32 pipeline 4x16"
+  figure = published.table_row(_decoder("jax", 1.0, 16, 64, num_devices=512))
+  assert (figure.cores, figure.pathways_tokens_per_sec) == (512, 507800)
+  assert configs.dtype_label(records[2]) == "float32 pipeline 4x16"
 
 
 def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
@@ -416,7 +425,7 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
                         link_bytes_per_step_analytic=None if islands == 1 else 2.1e6)
   records = [run(1, None, 1000.0, 1.0, "a"), run(2, "none", 900.0, 1.1, "b"),
              run(2, "8mbit", 500.0, 2.0, "c")]
-  header, rows = tables.islands_table(records)
+  header, rows = islands_table.islands_table(records)
   by_rate = {row[5]: dict(zip(header, row, strict=True)) for row in rows}
   assert by_rate["loopback"]["jax of 1 island"] == "1.000"
   assert by_rate["none"]["jax of 1 island"] == "0.900"
@@ -431,12 +440,12 @@ def test_islands_table_fraction_of_one_island_link_bytes_and_ideal_projection():
   # A pipeline across islands is a group of its own, beside Table 2's note for 3B.
   piped = [dict(r, pipeline_stages=4, micro_batches=16, tokens_per_sec=800.0)
            for r in records[:2]]
-  header, rows = tables.islands_table(records + piped)
+  header, rows = islands_table.islands_table(records + piped)
   assert len(rows) == 5  # 3 unpipelined, 2 pipelined
   row = dict(zip(header, next(r for r in rows if r[1] == "4 x 16" and r[5] == "none"), strict=True))
   assert row["jax of 1 island"] == "1.000"  # 800 against its own one-island 800
   three_b = dict(piped[0], model="decoder_3b")
-  assert tables._published_fraction(three_b) == "1 (S=16, M=64, 4 x 32)"
+  assert islands_table._published_fraction(three_b) == "1 (S=16, M=64, 4 x 32)"
 
 
 def _started(build_s, warmup_s, run_id, cache=None, **overrides):
@@ -481,7 +490,7 @@ def test_compare_does_not_judge_startup_over_other_warmup_steps():
 
 
 def test_table1_startup_says_mixed_where_hits_and_misses_meet():
-  header, rows = tables.table1([_started(3.0, 7.0, "a", cache="hit"),
+  header, rows = table1.table1([_started(3.0, 7.0, "a", cache="hit"),
                                 _started(9.0, 12.0, "b", cache="miss")])
   assert dict(zip(header, rows[0], strict=True))["startup (s): build + warmup"] == "6.0 + 9.5 mixed"
 
@@ -489,7 +498,7 @@ def test_table1_startup_says_mixed_where_hits_and_misses_meet():
 def test_console_table_shows_startup_beside_tokens_per_second():
   older = {k: v for k, v in _started(3.0, 7.0, "b").items()
            if k not in ("build_s", "warmup_s")}  # a record from before the fields
-  lines = tables.format_table([_started(3.04, 7.25, "a", cache="hit"), older,
+  lines = console.format_table([_started(3.04, 7.25, "a", cache="hit"), older,
                                train_record(status="failed", run_id="c")]).splitlines()
   assert "startup (s)" in lines[0]
   assert "3.0 + 7.2 hit" in lines[2] and "+" not in lines[3]
@@ -509,10 +518,10 @@ def _console_rows(text: str) -> list:
   as {column: cell}, cut where the header's columns start."""
   lines = text.splitlines()
   starts = []
-  for column in tables.COLUMNS:
+  for column in console.COLUMNS:
     starts.append(lines[0].index(column, starts[-1] if starts else 0))
   ends = starts[1:] + [None]
-  return [{c: line[a:b].strip() for c, a, b in zip(tables.COLUMNS, starts, ends, strict=True)}
+  return [{c: line[a:b].strip() for c, a, b in zip(console.COLUMNS, starts, ends, strict=True)}
           for line in lines[2:lines.index("") if "" in lines else None]]
 
 
@@ -555,14 +564,14 @@ def test_both_reports_keep_partial_runs_out_of_their_tables_and_list_them(tmp_pa
   assert [(row["model"], row["system"], row["tokens/s"]) for row in rows] == [
       ("t5_base", "mtf", "1,000"), ("t5_base", "jax", "1,500")]
   assert (rows[1]["vs mtf"], rows[1]["MFU@best"]) == ("1.50x", "0.4%")  # ok peaks only
-  table1 = _table1_rows(report)
-  assert table1[("t5_base", "mtf")][0] == "1"
-  runs, tokens = table1[("t5_base", "jax")]
+  table1_rows = _table1_rows(report)
+  assert table1_rows[("t5_base", "mtf")][0] == "1"
+  runs, tokens = table1_rows[("t5_base", "jax")]
   assert runs == "1 (+1 failed, 1 interrupted)" and tokens == "1,500 [1.5k–2.28k]"
-  assert table1[("t5_small", "mtf")] == ("0 (1 interrupted)", tables.NO_OK_RUN)
+  assert table1_rows[("t5_small", "mtf")] == ("0 (1 interrupted)", footnotes.NO_OK_RUN)
   # The same partial runs listed below, in the same words.
-  listed = _listed(text, tables.PARTIAL_HEADING)
-  assert listed == _listed(report, tables.PARTIAL_HEADING)
+  listed = _listed(text, footnotes.PARTIAL_HEADING)
+  assert listed == _listed(report, footnotes.PARTIAL_HEADING)
   assert [line.split("(run ")[1].split(",")[0] for line in listed] == [
       "failed-jax", "int-jax", "int-mtf"]
   assert "t5_base jax float32 batch:2;model:2 batch 8" in listed[1]
@@ -593,7 +602,7 @@ def test_runs_that_shared_their_host_are_marked_in_both_reports():
   assert rows == {("mtf", "1,000"): ("", "1.00x"), ("jax", "1,500"): ("shared", "1.50x"),
                   ("jax", "1,800"): ("packed", "1.80x"), ("jax", "2,000"): ("", "2.00x"),
                   ("jax", "1,600"): ("", "1.60x")}  # marked, and still compared
-  notes = tables.sharing_notes(records)
+  notes = footnotes.sharing_notes(records)
   assert [n.split(":")[0] for n in notes] == ["shared", "packed"]
   assert "rerun it alone" in notes[0] and "(run(s) unasked)" in notes[0]
   assert "--packed" in notes[1] and "(run(s) asked)" in notes[1]
@@ -604,7 +613,7 @@ def test_runs_that_shared_their_host_are_marked_in_both_reports():
   assert runs == "4 (1 shared, 1 packed)" and tokens.startswith("1,700 [")
   assert _table1_rows(report)[("t5_base", "mtf")][0] == "1"
   alone = [r for r in records if r["run_id"] in ("alone", "older")]
-  assert tables.sharing_notes(alone) == []
+  assert footnotes.sharing_notes(alone) == []
   assert all("(run(s) " not in out for out in _reports(alone))
   assert {row["host"] for row in _console_rows(_reports(alone)[0])} == {""}
   assert _table1_rows(_reports(alone)[1])[("t5_base", "jax")][0] == "1"
@@ -619,14 +628,14 @@ def test_runs_of_slurm_job_arrays_are_counted_per_task_in_both_reports():
   records = [task("14", 1, "a"), task("14", 0, "b"), task("14", 0, "c", "interrupted"),
              task("14", 0, "d"), task("15", 0, "e", "failed"),
              train_record(run_id="f"), older]  # outside any array
-  assert tables.array_lines(records) == [
+  assert footnotes.array_lines(records) == [
       "array 14: task 0: 2 ok, 1 interrupted; task 1: 1 ok", "array 15: task 0: 1 failed"]
   text, report = _reports(records)
-  assert _listed(text, tables.ARRAYS_HEADING) == _listed(
-      report, f"## {tables.ARRAYS_HEADING}") == [
+  assert _listed(text, footnotes.ARRAYS_HEADING) == _listed(
+      report, f"## {footnotes.ARRAYS_HEADING}") == [
       "- array 14: task 0: 2 ok, 1 interrupted; task 1: 1 ok",
       "- array 15: task 0: 1 failed"]
-  assert all(tables.ARRAYS_HEADING not in out for out in _reports(records[-2:]))
+  assert all(footnotes.ARRAYS_HEADING not in out for out in _reports(records[-2:]))
 
 
 def test_a_run_whose_launcher_narrowed_its_cpus_is_marked_with_the_fix():
@@ -637,7 +646,7 @@ def test_a_run_whose_launcher_narrowed_its_cpus_is_marked_with_the_fix():
   text, report = _reports([bound, free])
   hosts = {row["tokens/s"]: row["host"] for row in _console_rows(text)}
   assert hosts == {"900": "1 of 2 CPUs", "1,900": ""}
-  [note] = [n for n in tables.sharing_notes([bound, free]) if "narrowed" in n]
+  [note] = [n for n in footnotes.sharing_notes([bound, free]) if "narrowed" in n]
   assert note.startswith("run bound: CPUs narrowed: process 0 ran on CPU(s) 1, 1 of the "
                          "host's 2 (mpirun's binding: Open MPI's default)")
   assert "mpirun --bind-to none" in note and note in text and f"- {note}" in report

@@ -3,7 +3,11 @@ in main() and nowhere else; the record's `flags` and the bindings come from it."
 
 import ast
 import dataclasses
+import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -74,17 +78,12 @@ def _flags_reads(path: pathlib.Path) -> list:
   return reads
 
 
-# Entry points whose flags still reach below main (issue 49 moves them, as train's).
-NOT_YET = {"launch.py", "overhead.py", "parity.py", "plan.py", "micro/__main__.py",
-           "micro/jax_host.py", "report/__main__.py"}
-
-
 def test_flags_are_read_only_in_an_entry_points_main():
   """tf_tput.train reads FLAGS only in main; no module below an entry point reads it."""
   package = REPO / "tf_tput"
   for path in sorted(package.rglob("*.py")):
     name = path.relative_to(package).as_posix()
-    if name in NOT_YET or name == "entry.py":  # entry.py: every entry point's start
+    if name == "entry.py":  # every entry point's start
       continue
     allowed = {"main"} if "entry.start(" in path.read_text() else set()
     assert {function for function, _ in _flags_reads(path)} <= allowed, (
@@ -98,9 +97,31 @@ def test_the_read_check_finds_a_read_outside_main(tmp_path):
   assert _flags_reads(source) == [("run", 3), ("main", 5)]
 
 
-def test_the_suites_request_has_a_field_for_each_of_its_flags():
-  """tf_tput.suite reads its flags into SuiteRequest in main: a flag without a field
-  would be ignored."""
-  from tf_tput.suite import __main__ as suite_main
-  defined = {flag.name for flag in flags.FLAGS.get_flags_for_module(suite_main.__name__)}
-  assert defined == {f.name for f in dataclasses.fields(suite_main.SuiteRequest)}
+# Entry points that read their flags in main into one frozen request: a flag without a
+# field would be ignored. Each is imported in a fresh interpreter: several define the
+# same flag names, and absl refuses a second definition in one process.
+REQUESTS = [("tf_tput.suite.__main__", "SuiteRequest"), ("tf_tput.launch", "LaunchRequest"),
+            ("tf_tput.overhead", "OverheadRequest"), ("tf_tput.parity", "ParityRequest"),
+            ("tf_tput.plan", "PlanRequest"), ("tf_tput.micro.__main__", "MicroRequest"),
+            ("tf_tput.report.__main__", "ReportRequest")]
+# Fields that are no flag's value: whether --results was given at all (--compare refuses it).
+NOT_FLAGS = {"ReportRequest": {"results_given"}}
+_FIELDS_SCRIPT = r"""
+import dataclasses, importlib, json, sys
+from absl import flags
+module = importlib.import_module(sys.argv[1])
+print(json.dumps({
+    "flags": [f.name for f in flags.FLAGS.get_flags_for_module(module.__name__)],
+    "fields": [f.name for f in dataclasses.fields(vars(module)[sys.argv[2]])]}))
+"""
+
+
+@pytest.mark.parametrize("module, request_class", REQUESTS)
+def test_an_entry_points_request_has_a_field_for_each_of_its_flags(module, request_class):
+  done = subprocess.run([sys.executable, "-c", _FIELDS_SCRIPT, module, request_class],
+                        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  found = json.loads(done.stdout.strip().splitlines()[-1])
+  assert set(found["flags"]) == set(found["fields"]) - NOT_FLAGS.get(request_class, set()), (
+      found)

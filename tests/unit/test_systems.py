@@ -9,10 +9,10 @@ import pytest
 
 from tf_tput import PACKAGE_DIR, config, runtime as runtime_lib, systems
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 # Without root, worker servers can only run in this machine's network (docs/clusters.md).
-EXPOSE = [] if islands.private_missing() is None else ["--expose_servers"]
+EXPOSE = [] if namespaces.private_missing() is None else ["--expose_servers"]
 
 
 @pytest.mark.parametrize("command, name", [
@@ -170,3 +170,28 @@ def test_a_plugin_that_does_not_subclass_the_interface_is_one_usage_error(monkey
   monkeypatch.setitem(systems.REGISTRY, "plain", "not_a_system")
   with pytest.raises(UsageError, match="subclass them"):
     systems.load("plain")
+
+
+_DEAD_LOG = ("$ python -m tf_tput.train --system=mtf\n\n"
+             "WARNING: All log messages before absl::InitializeLog() is called are written\n"
+             "I0000 00:00:1 cpu_feature_guard.cc:210] This TensorFlow binary is optimized\n"
+             "To enable the following instructions: AVX2 FMA, rebuild TensorFlow\n"
+             "W1207 12:00:00.1 TF-TRT Warning: Could not find TensorRT\n"
+             "Traceback (most recent call last):\nValueError: bad\n")
+
+
+def test_a_dead_process_s_log_tail_leaves_out_its_runtime_s_start_up_notices(tmp_path):
+  """Blank and absl lines always (runtime/processes.py); a framework's own notices are
+  its runtime's startup_noise: a TF worker's tail leaves out TF's, and the suite's,
+  of a run that may have loaded any framework, every registered runtime's."""
+  from tf_tput.runtime import processes
+  from tf_tput.suite import __main__ as suite_main
+  from tf_tput.systems.tensorflow import runtime as tf_runtime
+  log = tmp_path / "run.log"
+  log.write_text(_DEAD_LOG)
+  last_words = "Traceback (most recent call last): | ValueError: bad"
+  assert processes.log_tail(log, 10, "(empty)", tf_runtime.RUNTIME.startup_noise) == last_words
+  assert processes.log_tail(log, 10, "(empty)").startswith("To enable the following")
+  assert suite_main._outcome("exit code 1", [], log) == (
+      "died", f"exit code 1, no record written; log {log}: {last_words}")
+  assert runtime_lib.Runtime.startup_noise == ()

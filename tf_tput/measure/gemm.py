@@ -14,24 +14,22 @@ A path named only is one whose probe misleads (it wins the one large matmul and
 loses on the model's): --gemm or its environment runs it; auto does not probe it.
 
 Each path is probed once per machine: the peak probe's n x n matmul (peak.py), in a
-child process started with that path's environment, kept in the peak store under the
-path's name (PeakStore.for_gemm). The fastest is set in this process's environment
-before the framework loads, and its peak is the run's. The record's env.gemm says
-which path ran, how it was chosen and what every path's probe gave.
+child process started with that path's environment (the caller's probe: train passes
+tf_tput/gemm_probe.py's, which loads the system, a layer above this package), kept in
+the peak store under the path's name (PeakStore.for_gemm). The fastest is set in
+this process's environment before the framework loads, and its peak is the run's.
+The record's env.gemm says which path ran, how it was chosen and what every path's
+probe gave.
 """
 
-import json
 import os
 import subprocess
-import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from tf_tput.errors import UsageError
 from tf_tput.measure import peak as peak_lib
 
 AUTO = "auto"  # --gemm's default: the fastest path's probe
-PROBE_TIMEOUT_S = 600  # one child probe; bfloat16 without native instructions is slow
-PROBE_MODULE = "tf_tput.measure.gemm_probe"
 
 
 def paths(runtime, strategy: str, dtype: str) -> dict:
@@ -55,33 +53,18 @@ def check(runtime, strategy: str, dtype: str, requested: str) -> None:
                      f"{strategy}, {dtype}); use one of those or --gemm={AUTO}")
 
 
-def probe_in_child(system_name: str, environment: dict, dtype: str,
-                   n: int = peak_lib.MATMUL_PEAK_SIZE) -> float:
-  """FLOP/s of the peak probe's matmul in a child process with `environment` added:
-  the framework loads there as the path needs it. RuntimeError with the child's last
-  words when it fails."""
-  from tf_tput.runtime import processes
-  done = subprocess.run(
-      [sys.executable, "-m", PROBE_MODULE, system_name, dtype, str(n)],
-      env={**os.environ, **environment}, capture_output=True, text=True,
-      timeout=PROBE_TIMEOUT_S, preexec_fn=processes.bind_to_parent, check=False)
-  lines = done.stdout.strip().splitlines()
-  if done.returncode or not lines:
-    tail = " | ".join((done.stderr or "").strip().splitlines()[-2:])[-300:]
-    raise RuntimeError(f"exit {done.returncode}: {tail or 'no output'}")
-  return float(json.loads(lines[-1])["flops"])
-
-
-def choose(system_name: str, runtime, strategy: str, dtype: str, store,
-           requested: str = AUTO) -> Optional[dict]:
+def choose(runtime, strategy: str, dtype: str, store,
+           probe: Callable[[dict, str], float], requested: str = AUTO) -> Optional[dict]:
   """Sets the chosen path's environment in this process and returns the record's
   env.gemm ({"path", "chosen_by", "probed_gflops"}), or None where the runtime offers
-  no paths. auto: every path's kept probe, or a new one in a child (kept), the
-  fastest chosen; under the store's lock, so the processes of one run on one host
-  probe one at a time and choose alike. A path whose probe fails is not chosen, its
-  error recorded; where every one fails, the first path runs. Paths named only are
-  neither probed nor chosen, and recorded as not probed; where every path offered is
-  named only, the first runs."""
+  no paths. probe(environment, dtype) -> FLOP/s of the peak probe's matmul under a
+  path's environment, in a child process (RuntimeError, OSError, ValueError or
+  subprocess.TimeoutExpired where it fails). auto: every path's kept probe, or a new
+  one (kept), the fastest chosen; under the store's lock, so the processes of one run
+  on one host probe one at a time and choose alike. A path whose probe fails is not
+  chosen, its error recorded; where every one fails, the first path runs. Paths named
+  only are neither probed nor chosen, and recorded as not probed; where every path
+  offered is named only, the first runs."""
   offered = paths(runtime, strategy, dtype)
   if not offered:
     return None
@@ -103,7 +86,7 @@ def choose(system_name: str, runtime, strategy: str, dtype: str, store,
         path_store = store.for_gemm(name)
         kept = path_store.get(runtime.name, dtype, peak_lib.MATMUL_PEAK_SIZE)
         try:
-          flops = kept.flops if kept else probe_in_child(system_name, environment, dtype)
+          flops = kept.flops if kept else probe(environment, dtype)
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
           probed[name] = f"probe failed: {e}"
           continue

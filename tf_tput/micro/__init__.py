@@ -40,6 +40,10 @@ import importlib
 
 SYSTEMS = {"tf": "tf_tput.micro.tf_single", "jax": "tf_tput.micro.jax_multi",
            "ray": "tf_tput.micro.ray_actors"}
+# The multi-controller system Fig. 6 measures the others against: a system's
+# crossover is where its opbyop rate reaches this one's (crossover_result, and
+# the report's crossover table).
+REFERENCE = "jax"
 MODES = ("opbyop", "chained", "fused")
 MEMBERS = ("MODES", "unavailable", "run", "run_private", "close")  # of a system module
 
@@ -88,12 +92,12 @@ def check(value, expected: int, where: str) -> None:
 def crossover_result(system: str, durations: list, records: dict, fraction: float,
                      sized) -> str:
   """Fig. 6's verdict for one system at one host count: the smallest duration whose
-  opbyop rate reaches `fraction` of JAX's; else how near it came. Either way, the
-  durations where a run (the system's or JAX's) gave no rate, naming its status.
+  opbyop rate reaches `fraction` of REFERENCE's; else how near it came. Either way,
+  the durations where a run (the system's or REFERENCE's) gave no rate, naming its status.
   records: (system, ms) -> record; sized(ms): how a duration is written."""
   shares, missing = {}, []
   for ms in durations:
-    pair = (records[(system, ms)], records[("jax", ms)])
+    pair = (records[(system, ms)], records[(REFERENCE, ms)])
     unmeasured = [f"{r['system']} {r['status']}" for r in pair if not r["computations_per_sec"]]
     if unmeasured:
       missing.append(f"{ms:g} ms ({', '.join(unmeasured)})")
@@ -105,7 +109,7 @@ def crossover_result(system: str, durations: list, records: dict, fraction: floa
   elif shares:
     nearest = max(shares, key=shares.get)
     verdict = (f"not reached up to {sized(max(shares))}: at most {shares[nearest]:.0%} "
-               f"of jax's rate, at {nearest:g} ms")
+               f"of {REFERENCE}'s rate, at {nearest:g} ms")
   else:
     verdict = "not measured"
   return verdict + (f"; no rate at {', '.join(missing)}" if missing else "")

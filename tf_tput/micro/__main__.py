@@ -15,6 +15,7 @@ Where none can be made, --systems with tf is refused in one line unless
 --expose_servers accepts servers reachable from other machines.
 """
 
+import dataclasses
 import sys
 
 from absl import flags
@@ -25,7 +26,7 @@ from tf_tput.micro import sizing
 from tf_tput.records import build, keys, provenance, results
 from tf_tput import entry, errors
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands
+from tf_tput.runtime import namespaces
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("systems", ["tf", "jax", "ray"], f"Systems: {', '.join(micro.SYSTEMS)}.")
@@ -57,6 +58,27 @@ flags.DEFINE_bool("expose_servers", False, "tf: run its servers and their client
                   "(needs root and iproute2).")
 
 
+@dataclasses.dataclass(frozen=True)
+class MicroRequest:
+  """What the flags ask, read once in main(); the flags above hold each one's default
+  and help."""
+  systems: tuple
+  modes: tuple
+  hosts: tuple
+  devices_per_host: int
+  chain_length: int
+  computations: int
+  repeats: int
+  timeout_s: float
+  results: str
+  crossover: bool
+  crossover_ms: tuple
+  crossover_fraction: float
+  crossover_repeat_s: float
+  bare_loop: bool
+  expose_servers: bool
+
+
 def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_ms=None,
             computation_ms_measured=None):
   rates = [spec.computations / s for s in seconds]
@@ -80,7 +102,8 @@ def _record(spec: micro.Spec, status: str, error=None, seconds=(), computation_m
 NOT_APPENDED = []
 
 
-def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None) -> dict:
+def measure(request: MicroRequest, spec: micro.Spec, computation_ms=None,
+            computation_ms_measured=None) -> dict:
   """One system x mode x hosts run -> its record (appended to --results)."""
   sized = dict(computation_ms=computation_ms,
                computation_ms_measured=computation_ms_measured)
@@ -95,38 +118,39 @@ def measure(spec: micro.Spec, computation_ms=None, computation_ms_measured=None)
     logging.info("%s %s, %d host(s) x %d devices%s", spec.system, spec.mode, spec.hosts,
                  spec.devices_per_host, f", matmul {spec.matmul_n}" if spec.matmul_n else "")
     try:
-      record = _record(spec, "ok", seconds=_runner(module)(spec), **sized)
+      runner = _runner(module, request.expose_servers)
+      record = _record(spec, "ok", seconds=runner(spec), **sized)
     except (KeyboardInterrupt, SystemExit):
       raise
     except Exception as e:  # noqa: BLE001 - one failed run is recorded, others go on
       logging.exception("%s %s failed", spec.system, spec.mode)
       record = _record(spec, "failed", errors.cause(e), **sized)
   try:
-    results.append(FLAGS.results, record)
+    results.append(request.results, record)
   except OSError as e:  # the append, undone: the record goes elsewhere
     NOT_APPENDED.append(record["run_id"])
     print(f"error: the record of {spec.system} {spec.mode}, {spec.hosts} host(s) could "
-          f"not be appended to --results={FLAGS.results} ({errors.cause(e)}), which is "
+          f"not be appended to --results={request.results} ({errors.cause(e)}), which is "
           f"left as it was; the record is in {results.keep_aside(record)}",
           file=sys.stderr)
   return record
 
 
-def _runner(module):
+def _runner(module, expose_servers: bool):
   """module.run, or where the system's servers listen on every interface (tf, whose
   module's run_private is not None) its run inside a private network namespace,
   unless --expose_servers."""
   private = module.run_private
-  return module.run if FLAGS.expose_servers or private is None else private
+  return module.run if expose_servers or private is None else private
 
 
-def _check_private_network() -> None:
+def _check_private_network(request: MicroRequest) -> None:
   """UsageError naming --expose_servers where a system of --systems needs a private
   network namespace and none can be made here: refused before anything runs."""
-  if FLAGS.expose_servers:
+  if request.expose_servers:
     return
-  needing = [s for s in FLAGS.systems if micro.system_module(s).run_private is not None]
-  problem = islands.private_missing() if needing else None
+  needing = [s for s in request.systems if micro.system_module(s).run_private is not None]
+  problem = namespaces.private_missing() if needing else None
   if problem:
     raise UsageError(f"--systems={','.join(needing)}: its servers listen on every "
                      "interface, so they run inside a private network namespace with "
@@ -143,7 +167,7 @@ def _bare_loop_ratio(spec: micro.Spec, harness_rate: float) -> str:
           f"{bare_rate:,.0f} computations/s ({100 * harness_rate / bare_rate:.0f}%)")
 
 
-def crossover(hosts_list, durations: list, base: dict) -> list:
+def crossover(request: MicroRequest, hosts_list, durations: list, base: dict) -> list:
   """Fig. 6 lines: per single-controller system and host count, the smallest tried
   duration whose opbyop rate reaches the fraction of JAX's. Every matmul size comes
   from one rate calibrated here, once (tf_tput/micro/sizing.py)."""
@@ -160,14 +184,14 @@ def crossover(hosts_list, durations: list, base: dict) -> list:
   for hosts in hosts_list:
     records = {}
     for ms in durations:
-      computations = max(8, round(FLAGS.crossover_repeat_s * 1e3 / ms))
-      for system in FLAGS.systems:
+      computations = max(8, round(request.crossover_repeat_s * 1e3 / ms))
+      for system in request.systems:
         spec = micro.Spec(system, "opbyop", hosts, matmul_n=sizes[ms],
                           computations=computations, chain_length=1, repeats=3, **base)
-        records[(system, ms)] = measure(spec, ms, measured[ms])
-    for system in (s for s in FLAGS.systems if s != "jax"):
+        records[(system, ms)] = measure(request, spec, ms, measured[ms])
+    for system in (s for s in request.systems if s != "jax"):
       lines.append(f"crossover {system} vs jax, {hosts} host(s): " + micro.crossover_result(
-          system, durations, records, FLAGS.crossover_fraction, sized))
+          system, durations, records, request.crossover_fraction, sized))
   return lines
 
 
@@ -186,91 +210,103 @@ def format_table(records: list) -> str:
                    for row in rows)
 
 
-def _validated_args():
-  unknown = [s for s in FLAGS.systems if s not in micro.SYSTEMS]
+def _validated_args(request: MicroRequest):
+  unknown = [s for s in request.systems if s not in micro.SYSTEMS]
   if unknown:
     raise UsageError(f"--systems: unknown {unknown}; choose from {sorted(micro.SYSTEMS)}")
-  bad_modes = [m for m in FLAGS.modes if m not in micro.MODES]
+  bad_modes = [m for m in request.modes if m not in micro.MODES]
   if bad_modes:
     raise UsageError(f"--modes: unknown {bad_modes}; choose from {list(micro.MODES)}")
   try:
-    hosts = [int(h) for h in FLAGS.hosts]
+    hosts = [int(h) for h in request.hosts]
   except ValueError:
-    raise UsageError(f"--hosts={','.join(FLAGS.hosts)}: host counts are integers, "
+    raise UsageError(f"--hosts={','.join(request.hosts)}: host counts are integers, "
                      "e.g. --hosts=1,2,4") from None
-  for name, value in (("--devices_per_host", FLAGS.devices_per_host),
-                      ("--chain_length", FLAGS.chain_length),
-                      ("--computations", FLAGS.computations), ("--repeats", FLAGS.repeats),
+  for name, value in (("--devices_per_host", request.devices_per_host),
+                      ("--chain_length", request.chain_length),
+                      ("--computations", request.computations),
+                      ("--repeats", request.repeats),
                       *((f"--hosts={h}", h) for h in hosts)):
     if value < 1:
       raise UsageError(f"{name} is {value}; it must be >= 1")
-  if not 0 < FLAGS.timeout_s <= 1e6:  # NaN too
-    raise UsageError(f"--timeout_s={FLAGS.timeout_s}; it must be > 0 (seconds) and at "
+  if not 0 < request.timeout_s <= 1e6:  # NaN too
+    raise UsageError(f"--timeout_s={request.timeout_s}; it must be > 0 (seconds) and at "
                      "most 1e6")
-  if FLAGS.crossover and "jax" not in FLAGS.systems:
+  if request.crossover and "jax" not in request.systems:
     raise UsageError(f"--crossover compares each system's rate with jax's, but "
-                     f"--systems={','.join(FLAGS.systems)} has no jax; add it, e.g. "
-                     f"--systems={','.join(FLAGS.systems + ['jax'])}")
-  if FLAGS.computations % FLAGS.chain_length:
-    raise UsageError(f"--computations={FLAGS.computations} is not a multiple of "
-                     f"--chain_length={FLAGS.chain_length}; e.g. --computations="
-                     f"{FLAGS.chain_length * 8}")
-  return hosts, _crossover_ms()
+                     f"--systems={','.join(request.systems)} has no jax; add it, e.g. "
+                     f"--systems={','.join([*request.systems, 'jax'])}")
+  if request.computations % request.chain_length:
+    raise UsageError(f"--computations={request.computations} is not a multiple of "
+                     f"--chain_length={request.chain_length}; e.g. --computations="
+                     f"{request.chain_length * 8}")
+  return hosts, _crossover_ms(request.crossover_ms)
 
 
-def _crossover_ms() -> list:
+def _crossover_ms(asked) -> list:
   try:
-    durations = [float(ms) for ms in FLAGS.crossover_ms]
+    durations = [float(ms) for ms in asked]
   except ValueError:
     durations = []
   if not durations or not all(ms > 0 for ms in durations):
-    raise UsageError(f"--crossover_ms={','.join(FLAGS.crossover_ms)}: durations are "
+    raise UsageError(f"--crossover_ms={','.join(asked)}: durations are "
                      "positive milliseconds, e.g. --crossover_ms=0.3,3")
   return sorted(durations)
+
+
+def run(request: MicroRequest) -> int:
+  try:
+    hosts_list, durations = _validated_args(request)
+    _check_private_network(request)
+    malformed = results.check_appendable(request.results)
+    keys.code_version()  # taken now: code edited while the runs go must not lend its key
+  except UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for number, problem in malformed:
+    logging.warning("%s:%d is not a record (%s); left untouched", request.results, number,
+                    problem)
+  base = dict(devices_per_host=request.devices_per_host, timeout_s=request.timeout_s)
+  records, notes = [], []
+  try:
+    for hosts in hosts_list:
+      for system in request.systems:
+        for mode in request.modes:
+          spec = micro.Spec(system, mode, hosts, chain_length=request.chain_length,
+                            computations=request.computations, repeats=request.repeats,
+                            **base)
+          records.append(measure(request, spec))
+          last = records[-1]
+          if (request.bare_loop and system == "jax" and mode == "opbyop" and hosts == 1
+              and last["status"] == "ok"):
+            notes.append(_bare_loop_ratio(spec, last["computations_per_sec"]))
+    if request.crossover:
+      notes += crossover(request, hosts_list, durations, base)
+  except KeyboardInterrupt:
+    print(f"error: interrupted; {len(records)} records kept in {request.results}",
+          file=sys.stderr)
+    return 130
+  finally:
+    for system in request.systems:  # what a system kept from one run to the next
+      micro.system_module(system).close()
+  print(format_table(records))
+  print("\n".join(notes))
+  print(f"records: {request.results}")
+  return 1 if NOT_APPENDED or any(r["status"] == "failed" for r in records) else 0
 
 
 def main(argv) -> int:
   if len(argv) > 1:
     print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
     return 2
-  try:
-    hosts_list, durations = _validated_args()
-    _check_private_network()
-    malformed = results.check_appendable(FLAGS.results)
-    keys.code_version()  # taken now: code edited while the runs go must not lend its key
-  except UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  for number, problem in malformed:
-    logging.warning("%s:%d is not a record (%s); left untouched", FLAGS.results, number,
-                    problem)
-  base = dict(devices_per_host=FLAGS.devices_per_host, timeout_s=FLAGS.timeout_s)
-  records, notes = [], []
-  try:
-    for hosts in hosts_list:
-      for system in FLAGS.systems:
-        for mode in FLAGS.modes:
-          spec = micro.Spec(system, mode, hosts, chain_length=FLAGS.chain_length,
-                            computations=FLAGS.computations, repeats=FLAGS.repeats,
-                            **base)
-          records.append(measure(spec))
-          last = records[-1]
-          if (FLAGS.bare_loop and system == "jax" and mode == "opbyop" and hosts == 1
-              and last["status"] == "ok"):
-            notes.append(_bare_loop_ratio(spec, last["computations_per_sec"]))
-    if FLAGS.crossover:
-      notes += crossover(hosts_list, durations, base)
-  except KeyboardInterrupt:
-    print(f"error: interrupted; {len(records)} records kept in {FLAGS.results}",
-          file=sys.stderr)
-    return 130
-  finally:
-    for system in FLAGS.systems:  # what a system kept from one run to the next
-      micro.system_module(system).close()
-  print(format_table(records))
-  print("\n".join(notes))
-  print(f"records: {FLAGS.results}")
-  return 1 if NOT_APPENDED or any(r["status"] == "failed" for r in records) else 0
+  return run(MicroRequest(
+      systems=tuple(FLAGS.systems), modes=tuple(FLAGS.modes), hosts=tuple(FLAGS.hosts),
+      devices_per_host=FLAGS.devices_per_host, chain_length=FLAGS.chain_length,
+      computations=FLAGS.computations, repeats=FLAGS.repeats, timeout_s=FLAGS.timeout_s,
+      results=FLAGS.results, crossover=FLAGS.crossover,
+      crossover_ms=tuple(FLAGS.crossover_ms), crossover_fraction=FLAGS.crossover_fraction,
+      crossover_repeat_s=FLAGS.crossover_repeat_s, bare_loop=FLAGS.bare_loop,
+      expose_servers=FLAGS.expose_servers))
 
 
 if __name__ == "__main__":

@@ -61,9 +61,8 @@ def _value(x) -> int:
   return int(x.addressable_data(0)[0])
 
 
-def main(argv) -> int:
-  del argv
-  spec = micro.Spec(**json.loads(FLAGS.spec))
+def run(spec: micro.Spec, *, out: str, bare: bool) -> int:
+  """Times the spec's repeats on this host; process 0 writes them to `out`."""
   topo = jax_runtime.RUNTIME.resolve(spec.devices_per_host)
   import jax
   from jax.experimental import multihost_utils
@@ -74,7 +73,7 @@ def main(argv) -> int:
   done = 0
   seconds = []
   for repeat in range(spec.repeats + 1):  # repeat 0 warms up (compiles)
-    if not FLAGS.bare:
+    if not bare:
       multihost_utils.sync_global_devices(f"repeat {repeat}")
     start = time.perf_counter()
     for index in range(spec.calls_per_repeat):
@@ -84,16 +83,21 @@ def main(argv) -> int:
     x.block_until_ready()
     elapsed = time.perf_counter() - start
     done += spec.calls_per_repeat * per_call
-    if not FLAGS.bare:
+    if not bare:
       micro.check(_value(x), micro.expected(spec, done),
                   f"jax {spec.mode} repeat {repeat}")
     if repeat:
       seconds.append(elapsed)
   micro.check(_value(x), micro.expected(spec, done), f"jax {spec.mode} after all repeats")
   if jax.process_index() == 0:
-    with open(FLAGS.out, "w") as f:
+    with open(out, "w") as f:
       json.dump({"repeat_seconds": seconds, "devices": topo.num_devices}, f)
   return 0
+
+
+def main(argv) -> int:
+  del argv
+  return run(micro.Spec(**json.loads(FLAGS.spec)), out=FLAGS.out, bare=FLAGS.bare)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ TensorFlow's gRPC server listens on the wildcard address 0.0.0.0:PORT ([::] dual
 whatever the cluster spec says: grpc_server_lib.cc hard-codes it and neither
 tf.distribute.Server nor ServerDef can restrict it. So tf_tput.micro runs each
 measurement through run_private(): a child process inside a private network namespace
-with nothing but loopback (runtime.islands.PrivateNetwork) runs run() there, the
+with nothing but loopback (runtime.namespaces.PrivateNetwork) runs run() there, the
 client and its servers together, and hands the seconds back through a pipe; nothing
 outside the namespace reaches the servers. The child and its namespace serve every
 measurement of the invocation (one TensorFlow import, ~3 s, instead of one per
@@ -95,7 +95,7 @@ import traceback
 import tf_tput
 from tf_tput import micro
 from tf_tput.errors import UsageError
-from tf_tput.runtime import islands, processes
+from tf_tput.runtime import namespaces, processes
 from tf_tput.systems.tensorflow import cluster as cluster_lib, workers as tf_workers
 
 MODES = ("opbyop", "chained", "fused")
@@ -203,7 +203,7 @@ class _PrivateClient:
         [str(tf_tput.REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     self._stack = contextlib.ExitStack()
     with self._stack:  # a start that fails part-way undoes what it did
-      network = self._stack.enter_context(islands.PrivateNetwork())
+      network = self._stack.enter_context(namespaces.PrivateNetwork())
       self._proc = processes.popen(
           network.exec_prefix() + [sys.executable, "-m", CLIENT_MODULE], env=env,
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -21,7 +21,7 @@ figure of the machine, but it does need the runs to be exchangeable: load that
 drifts between a block of old runs and a block of new ones can still part them, so
 alternate old and new runs.
 
-Startup (tables.startup_s: build + warmup seconds) is judged too, in its own rows and
+Startup (startup.startup_s: build + warmup seconds) is judged too, in its own rows and
 words. Each run gives one figure, so its band is the runs' range widened by
 STARTUP_SPREAD on each side: one run's startup is never flagged for less than a
 change of about half, the range of identical runs on a shared 2-core machine. A
@@ -33,7 +33,7 @@ import math
 import statistics
 
 from tf_tput.records import results
-from tf_tput.report import tables
+from tf_tput.report import bands, configs, startup
 
 FASTER = "faster (every new run above every old one)"
 SLOWER = "slower (every new run below every old one)"
@@ -75,10 +75,10 @@ def verdict(old_rates: list, new_rates: list) -> str:
 
 def _label(key: tuple, schema: str) -> str:
   if schema == results.SCHEMA:
-    k = dict(zip(tables.TRAIN_KEY_FIELDS, key, strict=True))
+    k = dict(zip(configs.TRAIN_KEY_FIELDS, key, strict=True))
     lengths = (f"{k['inputs_length']}/{k['targets_length']}" if k["inputs_length"]
                else f"{k['targets_length']}")
-    return (f"{k['model']} {k['system']} {tables.dtype_label(k)} mesh {k['mesh_shape']} "
+    return (f"{k['model']} {k['system']} {configs.dtype_label(k)} mesh {k['mesh_shape']} "
             f"({k['num_devices']} dev, {k['num_processes']} proc, {k['strategy']}"
             + (f", {k['launcher']}" if k["launcher"] else "") + ") "
             f"batch {k['global_batch']} len {lengths}")
@@ -90,9 +90,9 @@ def _label(key: tuple, schema: str) -> str:
 def _run_rates(records: list, schema: str) -> dict:
   """key -> each ok run's figure, over the records of `schema`."""
   ok = [r for r in records if r["schema"] == schema and r["status"] == "ok"]
-  key = tables.train_key if schema == results.SCHEMA else tables.micro_key
+  key = configs.train_key if schema == results.SCHEMA else configs.micro_key
   return {k: [r[RUN_RATE[schema]] for r in runs]
-          for k, runs in tables.group(ok, key).items()}
+          for k, runs in bands.group(ok, key).items()}
 
 
 def _range_cell(rates: list) -> str:
@@ -101,7 +101,7 @@ def _range_cell(rates: list) -> str:
 
 def startup_band(ok_runs: list):
   """(median, low, high) startup seconds of the runs that have it; None if none has."""
-  seconds = [tables.startup_s(r) for r in ok_runs if tables.startup_s(r) is not None]
+  seconds = [startup.startup_s(r) for r in ok_runs if startup.startup_s(r) is not None]
   if not seconds:
     return None
   return (statistics.median(seconds), min(seconds) * (1 - STARTUP_SPREAD),
@@ -134,15 +134,15 @@ def _startup_row(key, old_runs: list, new_runs: list):
   old_cache, new_cache = _cache_outcomes(old_runs), _cache_outcomes(new_runs)
   if old_cache != new_cache:
     verdict += f" (compilation cache: old {old_cache}, new {new_cache})"
-  counts = [sum(tables.startup_s(r) is not None for r in runs) for runs in (old_runs, new_runs)]
+  counts = [sum(startup.startup_s(r) is not None for r in runs) for runs in (old_runs, new_runs)]
   return [_label(key, results.SCHEMA), "startup s", f"{counts[0]}/{counts[1]}",
           f"{o[0]:,.1f} [{o[1]:,.1f}–{o[2]:,.1f}]", f"{n[0]:,.1f} [{n[1]:,.1f}–{n[2]:,.1f}]",
           f"{n[0] / o[0]:.2f}x", verdict]
 
 
 def _ok_train_groups(records: list) -> dict:
-  return tables.group([r for r in records if r["schema"] == results.SCHEMA
-                       and r["status"] == "ok"], tables.train_key)
+  return bands.group([r for r in records if r["schema"] == results.SCHEMA
+                      and r["status"] == "ok"], configs.train_key)
 
 
 def _throughput_row(label: str, unit: str, old_rates: list, new_rates: list) -> list:
@@ -167,9 +167,9 @@ def compare(old: list, new: list) -> tuple:
         continue
       rows.append(_throughput_row(_label(key, schema), unit, old_rates[key], new_rates[key]))
       if schema == results.SCHEMA:
-        startup = _startup_row(key, old_runs[key], new_runs[key])
-        if startup:
-          rows.append(startup)
+        startup_row = _startup_row(key, old_runs[key], new_runs[key])
+        if startup_row:
+          rows.append(startup_row)
     notes += [f"only in --against (no ok record in --compare): {_label(key, schema)}"
               for key in new_rates if key not in old_rates]
   return header, rows, notes

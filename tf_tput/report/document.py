@@ -6,7 +6,8 @@ import datetime
 from tf_tput import systems
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
-from tf_tput.report import published, tables
+from tf_tput.report import (bands, configs, dispatch, footnotes, islands_table,
+                            published, table1, table2)
 
 CONVENTIONS = [
     "**Warmup**: each run's first `warmup_steps` steps (graph build / compilation "
@@ -35,12 +36,21 @@ CONVENTIONS = [
 ]
 
 
+def markdown(header: list, rows: list) -> str:
+  def cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+  lines = ["| " + " | ".join(map(cell, header)) + " |",
+           "|" + "|".join("---" for _ in header) + "|"]
+  lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+  return "\n".join(lines)
+
+
 def _implied_note() -> str:
-  by_suite = tables.group(published.PAPER_SUITES, published.PAPER_SUITES.get)
+  by_suite = bands.group(published.PAPER_SUITES, published.PAPER_SUITES.get)
   lengths = "; ".join(f"{', '.join(models)} at {_lengths(models[0])} "
                       f"(gin/suites/{suite}.gin)" for suite, models in by_suite.items())
   key = published.TPU_PEAK_KEY
-  return (f"{tables.IMPLIED_MFU} is this report's arithmetic, not the paper's: "
+  return (f"{published.IMPLIED_MFU} is this report's arithmetic, not the paper's: "
           "published tokens/s × model FLOPs per token (the convention below) / (TPUv3 "
           f"cores × {peak_lib.PEAK_FLOPS[key] / 1e12:g} TFLOP/s, the {key[1]} peak of a "
           f"{key[0]} core). The paper states no sequence lengths; the FLOPs per token are "
@@ -55,20 +65,23 @@ def _lengths(model: str) -> str:
 
 
 def _published_section() -> list:
-  implied = lambda model, tps, cores: tables.percent(published.implied_mfu(model, tps, cores))
-  t1 = tables.markdown(
+  implied = published.implied_mfu_cell
+  t1 = markdown(
       ["model", "params (published)", "TPUv3 cores", "JAX tokens/s", "Pathways tokens/s",
-       tables.IMPLIED_MFU],
-      [[m, p, c, f"{j:,}", f"{pw:,}", implied(m, pw, c)]
-       for m, (p, c, j, pw) in published.TABLE1_T5.items()])
-  t2 = tables.markdown(
+       published.IMPLIED_MFU],
+      [[model, row.params, row.cores, f"{row.jax_tokens_per_sec:,}",
+        f"{row.pathways_tokens_per_sec:,}",
+        implied(model, row.pathways_tokens_per_sec, row.cores)]
+       for model, row in published.TABLE1_T5.items()])
+  t2 = markdown(
       ["configuration", "stages", "micro-batches", "TPUv3 cores", "Pathways tokens/s",
-       tables.IMPLIED_MFU],
-      [[c, s or "–", m or "–", cores, f"{tps:,}",
-        implied(published.TABLE2_MODEL, tps, cores)]
-       for c, s, m, cores, tps in published.TABLE2_DECODER_3B])
-  f6 = "; ".join(f"{h} hosts ({t} TPUs, configuration {c}): {ms} ms"
-                 for h, t, c, ms in published.FIG6_CROSSOVER_MS)
+       published.IMPLIED_MFU],
+      [[row.config, row.stages or "–", row.micro_batches or "–", row.cores,
+        f"{row.tokens_per_sec:,}",
+        implied(published.TABLE2_MODEL, row.tokens_per_sec, row.cores)]
+       for row in published.TABLE2_DECODER_3B])
+  f6 = "; ".join(f"{row.hosts} hosts ({row.tpus} TPUs, configuration {row.config}): "
+                 f"{row.ms} ms" for row in published.FIG6_CROSSOVER_MS)
   return ["## Published figures", "",
           f"From {published.CITATION}, measured on {published.HARDWARE}; the paper does "
           "not state batch sizes or sequence lengths for Table 1. They are another "
@@ -80,33 +93,33 @@ def _published_section() -> list:
 
 
 def _train_section(train: list, plots: dict) -> list:
-  header, rows = tables.table1(train)
-  out = ["## Training throughput (Table 1 style)", "", tables.markdown(header, rows), "",
+  header, rows = table1.table1(train)
+  out = ["## Training throughput (Table 1 style)", "", markdown(header, rows), "",
          "One row per configuration and system. runs: its ok runs (how many shared "
          "their host, marked below), then (+) its failed and interrupted runs, which "
          "no figure counts; tokens/s: median over the system's ok "
          "runs of the configuration, [spread]; step median: the median of those runs' "
          "median step times; MFU: median against each run's own peak; "
-         f"vs {tables.baseline_system(train)}: the row's median tokens/s over that "
+         f"vs {configs.baseline_system(train)}: the row's median tokens/s over that "
          "system's on the same configuration. The published columns are the paper's "
          "figures for a model of the same name on TPUv3 at the paper's core counts "
          f"({published.CITATION}), the same on every system's row; another machine and "
          "scale, never divided by a local figure.", ""]
-  notes = tables.sharing_notes(tables.ok_runs(train))
+  notes = footnotes.sharing_notes(footnotes.ok_runs(train))
   out += [f"- {note}" for note in notes] + ([""] if notes else [])
   if plots.get("tokens_per_sec"):
     out += [f"![tokens/s per system and model]({plots['tokens_per_sec']})", ""]
   if any(r["arch"] == "decoder" for r in train):
-    header, rows = tables.table2(train)
-    out += ["## Partitioning a decoder (Table 2 style)", "", tables.markdown(header, rows),
+    header, rows = table2.table2(train)
+    out += ["## Partitioning a decoder (Table 2 style)", "", markdown(header, rows),
             "", "Runs of one model, dtype, device count, global batch and length; 'vs "
             "SPMD' divides by the same system's fastest SPMD row there. bubble: the "
             "GPipe schedule's idle fraction (S-1)/(M+S-1), theoretical. Virtual CPU "
             "devices share the host's cores, so a local pipeline shows its scheduling "
             "and transfer costs, not a speed-up.", ""]
   if any(r.get("islands", 1) > 1 for r in train):
-    header, rows = tables.islands_table(train)
-    out += ["## Across islands (§5.3 style)", "", tables.markdown(header, rows), "",
+    header, rows = islands_table.islands_table(train)
+    out += ["## Across islands (§5.3 style)", "", markdown(header, rows), "",
             "Runs of one model, pipeline, device count, process count, batch and "
             "length; 'of 1 island' divides by the same system's run with its processes "
             "on loopback. Link bytes: what the islands' link ends sent per measured "
@@ -121,25 +134,25 @@ def _train_section(train: list, plots: dict) -> list:
             "ideal-link projection is the unshaped islands run's step plus the bytes "
             "one island sends at the link's rate; paper scale: tf_tput.plan --islands.",
             ""]
-  partial = tables.partial_runs(train)
+  partial = footnotes.partial_runs(train)
   if partial:
-    out += [f"### {tables.PARTIAL_HEADING}", ""]
-    out += [f"- {tables.partial_line(r)}" for r in partial] + [""]
+    out += [f"### {footnotes.PARTIAL_HEADING}", ""]
+    out += [f"- {footnotes.partial_line(r)}" for r in partial] + [""]
   out += ["## Step-time distributions", ""]
   if plots.get("step_times"):
     out += [f"![step times per run]({plots['step_times']})", ""]
   out += ["MFU peaks of the ok runs (whole machine, per system and dtype; each run's "
           "`peak_source` is in results.csv): " + _peaks(train), ""]
-  arrays = tables.array_lines(train)
+  arrays = footnotes.array_lines(train)
   if arrays:
-    out += [f"## {tables.ARRAYS_HEADING}", ""] + [f"- {a}" for a in arrays] + [""]
+    out += [f"## {footnotes.ARRAYS_HEADING}", ""] + [f"- {a}" for a in arrays] + [""]
   return out
 
 
 def _peaks(train: list) -> str:
   parts = []
-  for (system, dtype, kind), runs in sorted(tables.group(
-      [r for r in tables.ok_runs(train) if r["peak_flops_per_device"]],
+  for (system, dtype, kind), runs in sorted(bands.group(
+      [r for r in footnotes.ok_runs(train) if r["peak_flops_per_device"]],
       lambda r: (r["system"], r["dtype"], r["peak_source"].split(":")[0])).items()):
     whole = [r["peak_flops_per_device"] * r["num_devices"] / 1e9 for r in runs]
     parts.append(f"{system} {dtype} {kind} {min(whole):,.0f}–{max(whole):,.0f} GFLOP/s "
@@ -149,11 +162,11 @@ def _peaks(train: list) -> str:
 
 def _micro_section(micro: list, plots: dict) -> list:
   scalar = [r for r in micro if not r["matmul_n"]]
-  header, rows = tables.micro_table(scalar) if scalar else ([], [])
+  header, rows = dispatch.micro_table(scalar) if scalar else ([], [])
   out = ["## Dispatch micro-benchmarks (Fig. 5 style)", ""]
   if rows:
     out += ["computations/s: median over runs [range of timed repeats].", "",
-            tables.markdown(header, rows), ""]
+            markdown(header, rows), ""]
   else:
     out += ["No records without a matmul; the crossover's are below.", ""]
   if plots.get("fig5"):
@@ -170,7 +183,7 @@ def _micro_section(micro: list, plots: dict) -> list:
             "opbyop computations/s with an n x n float32 matmul before each AllReduce, "
             "sized from one calibrated rate per invocation; `ms measured` is that "
             "matmul's median time here (numpy), the duration to read the crossover at.",
-            "", tables.markdown(*tables.crossover_table(crossover)), ""]
+            "", markdown(*dispatch.crossover_table(crossover)), ""]
   return out
 
 
@@ -179,7 +192,7 @@ def _environments(records: list) -> list:
   keys = (python, *systems.distributions(), *rest, "cpu_count")
   # Accelerator kinds without their counts: a 1-device and a 4-device run on the
   # same machine share a row.
-  combos = tables.group(records, lambda r: tuple(str(r["env"].get(k)) for k in keys) + (
+  combos = bands.group(records, lambda r: tuple(str(r["env"].get(k)) for k in keys) + (
       ", ".join(sorted({f"{a.get('platform')}: {a.get('kind')}"
                         for a in r["env"].get("accelerators") or []})),))
   rows = []
@@ -187,7 +200,7 @@ def _environments(records: list) -> list:
     commits = sorted({(r["git_commit"] or "unknown")[:7] + ("+dirty" if "+dirty" in (r["git_commit"] or "") else "") for r in runs})
     rows.append(list(combo) + [", ".join(commits), len(runs)])
   return ["## Versions and hardware", "",
-          tables.markdown(list(keys) + ["accelerators", "git commits", "records"], rows), ""]
+          markdown(list(keys) + ["accelerators", "git commits", "records"], rows), ""]
 
 
 def render(train: list, micro: list, sources: list, problems: list, plots: dict) -> str:

@@ -1,7 +1,7 @@
 """PNG plots of result records (matplotlib, Agg backend: no display needed).
 
 Each function writes one file and returns its path, or None when the records hold
-nothing to plot. Spreads are those of tf_tput/report/tables.py.
+nothing to plot. Spreads are those of tf_tput/report/bands.py.
 """
 
 import matplotlib
@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter  # noqa: E402
 
 from tf_tput import micro  # noqa: E402
-from tf_tput.report import tables  # noqa: E402
+from tf_tput.report import bands, configs, footnotes  # noqa: E402
 
 DPI = 120
 MODES_ORDER = micro.MODES
@@ -26,7 +26,7 @@ def _save(fig, path: str) -> str:
 
 
 def _config_label(r: dict) -> str:
-  return (f"{r['model']}\n{tables.dtype_label(r)} {r['mesh_shape']}\n"
+  return (f"{r['model']}\n{configs.dtype_label(r)} {r['mesh_shape']}\n"
           f"batch {r['global_batch']}"
           + ("" if r["strategy"] == "local" else f", {r['strategy']}"))
 
@@ -34,31 +34,31 @@ def _config_label(r: dict) -> str:
 def tokens_per_sec(records: list, path: str):
   """Bars: median tokens/s per configuration (groups) and system (bars), whiskers
   the spread; log scale, since tiny and base models differ a hundredfold."""
-  configs = tables.group(records, tables.row_key)
-  names = tables.systems_in(records)
+  by_config = bands.group(records, configs.row_key)
+  names = configs.systems_in(records)
   if not any(r["status"] == "ok" for r in records):
     return None
-  fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(configs) * len(names) / 2 + 3), 5))
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(by_config) * len(names) / 2 + 3), 5))
   width = 0.8 / len(names)
   for i, system in enumerate(names):
     xs, heights, low_err, high_err = [], [], [], []
-    for x, runs in enumerate(configs.values()):
+    for x, runs in enumerate(by_config.values()):
       ok = [r for r in runs if r["system"] == system and r["status"] == "ok"]
       if not ok:
         mine = [r for r in runs if r["system"] == system]
-        ax.annotate(tables.NO_OK_RUN if mine else "not run",
+        ax.annotate(footnotes.NO_OK_RUN if mine else "not run",
                     (x + (i - (len(names) - 1) / 2) * width, 0),
                     xycoords=("data", "axes fraction"), ha="center", va="bottom",
                     rotation=90, fontsize=8, color="gray")
         continue
-      median, low, high = tables.tokens_band(ok)
+      median, low, high = bands.tokens_band(ok)
       xs.append(x + (i - (len(names) - 1) / 2) * width)
       heights.append(median)
       low_err.append(median - low)
       high_err.append(high - median)
     ax.bar(xs, heights, width, yerr=[low_err, high_err], capsize=3, label=system)
-  ax.set_xticks(range(len(configs)))
-  ax.set_xticklabels([_config_label(runs[0]) for runs in configs.values()], fontsize=8)
+  ax.set_xticks(range(len(by_config)))
+  ax.set_xticklabels([_config_label(runs[0]) for runs in by_config.values()], fontsize=8)
   ax.set_yscale("log")
   ax.set_ylabel("tokens/s (log scale)")
   ax.set_title("Training throughput per system: median, whiskers = spread\n"
@@ -73,20 +73,20 @@ def fig5(records: list, path: str):
   ok = [r for r in records if r["status"] == "ok" and not r["matmul_n"]]
   if not ok:
     return None
-  lines = tables.group(sorted(ok, key=lambda r: r["hosts"]),
-                       lambda r: (r["system"], r["mode"], r["devices_per_host"]))
+  lines = bands.group(sorted(ok, key=lambda r: r["hosts"]),
+                      lambda r: (r["system"], r["mode"], r["devices_per_host"]))
   fig, ax = plt.subplots(figsize=(8, 5))
   colors = {}
   order = list(micro.SYSTEMS)
   for (system, mode, per_host), runs in sorted(
       lines.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else 9,
                                      kv[0][0], MODES_ORDER.index(kv[0][1]))):
-    by_hosts = tables.group(runs, lambda r: r["hosts"])
+    by_hosts = bands.group(runs, lambda r: r["hosts"])
     hosts = sorted(by_hosts)
-    bands = [tables.rate_band(by_hosts[h]) for h in hosts]
+    spreads = [bands.rate_band(by_hosts[h]) for h in hosts]
     color = colors.setdefault(system, f"C{len(colors)}")
-    ax.errorbar(hosts, [b[0] for b in bands],
-                yerr=[[b[0] - b[1] for b in bands], [b[2] - b[0] for b in bands]],
+    ax.errorbar(hosts, [b[0] for b in spreads],
+                yerr=[[b[0] - b[1] for b in spreads], [b[2] - b[0] for b in spreads]],
                 fmt="o" + MODE_STYLES.get(mode, "-"), color=color, capsize=3,
                 label=f"{system} {mode} ({per_host} dev/host)")
   all_hosts = sorted({r["hosts"] for r in ok})
@@ -110,7 +110,7 @@ def step_times(records: list, path: str):
   Records keep these statistics, not every step's duration, so the boxes show
   exactly what was recorded.
   """
-  runs = [r for r in tables.ok_runs(records) if r["step_time_s"]["median"] is not None]
+  runs = [r for r in footnotes.ok_runs(records) if r["step_time_s"]["median"] is not None]
   if not runs:
     return None
   stats = [{"label": f"{r['model']} {r['system']} {r['dtype']} {r['mesh_shape']} "

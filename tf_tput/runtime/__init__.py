@@ -2,8 +2,8 @@
 framework to get them: one Runtime object per framework.
 
 The modules here name no framework: device resolution per --strategy (topology), local
-processes on loopback (processes), network namespaces for islands (islands) and Cloud
-TPU slices (tpu). Each framework's Runtime lives in its folder,
+processes on loopback (processes), network namespaces (namespaces) joined into islands
+(islands) and Cloud TPU slices (tpu). Each framework's Runtime lives in its folder,
 tf_tput/systems/<framework>/runtime.py, and the systems built on that framework share
 it (mtf and tf2: systems/tensorflow/runtime.py); a System names its runtime in its
 `runtime` attribute, and train, launch and the peak probe ask that object, never the
@@ -30,8 +30,8 @@ framework by name:
                          ports=None, network=None, chief_env=None) -> int
           # only where serves_workers: starts the servers and the command, returns
           # the exit code (tf_tput.launch --num_workers); network: where they run, a
-          # runtime.islands.PrivateNetwork (loopback only) or IslandNetwork, None for
-          # this machine's own network (--expose_servers)
+          # runtime.namespaces.PrivateNetwork (loopback only) or runtime.islands'
+          # IslandNetwork, None for this machine's own network (--expose_servers)
 
 A runtime with a persistent compilation cache (jax's, torch's) sets
 keeps_compilation_cache (False on Runtime, which every runtime subclasses): train then
@@ -45,7 +45,11 @@ from gemm_paths(strategy, dtype) (default {}: no choice; measure/gemm.py), and m
 name in gemm_paths_named_only (default ()) those never probed. A runtime whose
 multi_worker chief drives worker servers (TF's) sets chief_drives_workers (default
 False): where its system does not run on every worker, train's other processes call
-serve_worker(timeout_s) -> exit code instead of training.
+serve_worker(timeout_s) -> exit code instead of training. A runtime whose framework
+prints start-up notices that never say why a process failed names them in
+startup_noise (default (): regular expressions matched at a line's start), which a
+dead process's log tail leaves out (processes.log_tail; the suite's, of any run,
+leaves out every registered runtime's).
 
 Each runtime imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.
@@ -61,6 +65,7 @@ class Runtime(Protocol):
   keeps_compilation_cache: bool = False
   gemm_paths_named_only: tuple = ()  # gemm_paths run only where named, never probed
   chief_drives_workers: bool = False  # multi_worker's other processes serve_worker
+  startup_noise: tuple = ()  # its framework's start-up notices, left out of log tails
 
   def compilation_cache(self, directory: Optional[str]) -> None:
     """Only where keeps_compilation_cache."""

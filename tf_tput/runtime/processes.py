@@ -39,10 +39,12 @@ HEARTBEAT_DIR_ENV = "TF_TPUT_HEARTBEAT_DIR"
 STOP_REASON_FILE = "stopping"
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# TF/XLA start-up notices (printed before absl logging honours TF_CPP_MIN_LOG_LEVEL)
-# that never say why a process failed.
-_STARTUP_NOISE = re.compile(r"^\s*$|WARNING: All log messages before absl|To enable the|"
-                            r"[IWE]0000 |I\d{4} |W\d{4} .*(cuda|TensorRT)|E\d{4} .*cuda")
+# Lines of a child's log that never say why it failed, whatever it runs: blank ones,
+# and absl's C++ logging (native libraries' logs, before and after a process sets up
+# its logging: the banner, pre-initialisation lines, info lines). Patterns matched at
+# a line's start; a framework's own notices are its runtime's startup_noise
+# (tf_tput.runtime.Runtime), which the caller passes to log_tail.
+LOG_NOISE = (r"^\s*$", r"WARNING: All log messages before absl", r"[IWE]0000 ", r"I\d{4} ")
 
 POLL_S = 0.2
 COMMAND_PREFIX = "$ "  # a child's log opens with its command line (tf_tput.suite)
@@ -63,8 +65,11 @@ def bind_to_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def log_tail(path, lines: int, empty: str) -> str:
-  """The last `lines` meaningful lines of a child's log file, joined on one line."""
+def log_tail(path, lines: int, empty: str, noise: tuple = ()) -> str:
+  """The last `lines` meaningful lines of a child's log file, joined on one line:
+  neither LOG_NOISE nor `noise` (patterns matched at a line's start: the startup_noise
+  of the runtimes whose frameworks the child loaded)."""
+  skipped = re.compile("|".join(f"(?:{pattern})" for pattern in (*LOG_NOISE, *noise)))
   try:
     with open(path, "rb") as f:
       text = f.read().decode(errors="replace")
@@ -73,7 +78,7 @@ def log_tail(path, lines: int, empty: str) -> str:
   # Not the command the log opens with ("$ ..."): the caller names the run, and an
   # srun or launch command line is long enough to fill the tail.
   kept = [line.strip() for line in text.splitlines()
-          if not _STARTUP_NOISE.match(line) and not line.startswith(COMMAND_PREFIX)]
+          if not skipped.match(line) and not line.startswith(COMMAND_PREFIX)]
   return " | ".join(kept[-lines:])[-600:] or empty
 
 
@@ -181,7 +186,7 @@ def launch(command: list, num_processes: int, grace_s: float,
   With `network` (a runtime.islands.IslandNetwork) the processes split into its
   islands in order, each started inside its island, the coordinator on island 0's
   address; otherwise on loopback, inside `network` when it is a
-  runtime.islands.PrivateNetwork. env_of(index), when given, adds variables to a
+  runtime.namespaces.PrivateNetwork. env_of(index), when given, adds variables to a
   process's environment (a TF_CONFIG each).
   On Ctrl-C / SIGTERM every process is stopped, then the exit code is 128 + signal,
   or KeyboardInterrupt is raised when the caller has more to stop (reraise_interrupt).

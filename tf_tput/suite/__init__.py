@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, GIN_PARENT, config, errors, micro, models, pipeline, systems
+from tf_tput import GIN_DIR, GIN_PARENT, config, errors, island_split, micro, models, pipeline
+from tf_tput import systems
 from tf_tput.records import keys, results
 from tf_tput.runtime import islands as islands_lib, launchers, topology
 from tf_tput.errors import UsageError
@@ -448,7 +449,7 @@ def validate(run: Run) -> str:
     if num_islands:
       if not systems.load(run.flags["system"]).islands:
         raise UsageError(f"--system={run.flags['system']} does not train across islands")
-      islands_lib.check_mesh(experiment, num_islands,
+      island_split.check_mesh(experiment, num_islands,
                              systems.load(run.flags["system"]).islands,
                              (run.flags.get("num_cpu_devices") or 0) * num_processes or None)
     if "num_cpu_devices" in run.flags:

@@ -25,7 +25,7 @@ from typing import Optional
 
 from absl import flags
 
-from tf_tput import REPO_ROOT, entry, errors
+from tf_tput import REPO_ROOT, entry, errors, systems
 from tf_tput.records import build, results
 from tf_tput.runtime import launchers, processes, topology
 from tf_tput import suite as suites
@@ -143,8 +143,8 @@ def _execute(run: suites.Run, results_path: str, log_path: pathlib.Path,
 def _outcome(ending: str, new_records: list, log_path) -> tuple:
   """(status word, one-line description) of a finished run."""
   if not new_records:
-    return "died", (f"{ending}, no record written; log {log_path}: "
-                    f"{processes.log_tail(log_path, LOG_TAIL_LINES, '(empty log)')}")
+    tail = processes.log_tail(log_path, LOG_TAIL_LINES, "(empty log)", _startup_noise())
+    return "died", f"{ending}, no record written; log {log_path}: {tail}"
   record = new_records[-1]
   if record["status"] in ("failed", "interrupted"):
     return record["status"], f"{record['status']} ({ending}), recorded: {record['error']}"
@@ -153,6 +153,13 @@ def _outcome(ending: str, new_records: list, log_path) -> tuple:
   if record["status"] == "ok":
     return "ok", f"ok, {record['computations_per_sec']:,.0f} computations/s"
   return record["status"], f"{record['status']}: {record['error']}"
+
+
+def _startup_noise() -> tuple:
+  """Every registered runtime's startup_noise: a run's log holds what each framework
+  it loaded printed, and a run may load another system's framework (tfds, say)."""
+  return tuple(dict.fromkeys(pattern for name in systems.REGISTRY
+                             for pattern in systems.load(name).runtime.startup_noise))
 
 
 def _default_results(suite, request: SuiteRequest) -> str:

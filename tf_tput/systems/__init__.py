@@ -55,7 +55,7 @@ their defaults there, so shared code calls them and never asks whether they exis
 - analytic_link_bytes_per_step (default None): the bytes the trainer's own schedule
   sends between islands per step (mtf's counted reduction, a pipeline's stage
   boundaries; None: train records one float32 gradient per parameter reduced
-  hierarchically, runtime/islands.analytic_link_bytes);
+  hierarchically, reduction.analytic_link_bytes);
 - dispatch(batch) -> a loss float() of which waits for the step, and
   synchronous_step (default True: dispatch is step). A trainer whose dispatch
   returns the loss still pending (jax) sets it False: the loop keeps
@@ -116,7 +116,7 @@ class Trainer(Protocol):
   # () : the Topology's nodes.
   nodes: tuple = ()
   # Bytes its own schedule sends between islands per step; None: one float32 gradient
-  # per parameter, reduced hierarchically (runtime/islands.analytic_link_bytes).
+  # per parameter, reduced hierarchically (reduction.analytic_link_bytes).
   analytic_link_bytes_per_step: Optional[int] = None
   # False where dispatch returns the loss still pending: the loop then keeps
   # sync_every steps in flight, and records say so.

@@ -8,12 +8,12 @@ therefore written in shard_map over ('island', 'batch'): each device takes the
 gradient of its own rows, then the flattened gradient is reduce-scattered within the
 island, the 1/n shard all-reduced across islands, and all-gathered within the
 island again. Each of an island's n devices sends 1/n of the gradient across, so the
-island sends one copy (tf_tput.runtime.islands.analytic_link_bytes).
+island sends one copy (tf_tput.reduction.analytic_link_bytes).
 
 The device array comes from process order (CPU devices report no slice index):
 tf_tput.launch puts consecutive processes in one island, and jax.devices() lists
 devices process-major, so row k of the [islands, n] array is island k. Inside an
-island the mesh is data parallel only (config: runtime/islands.check_mesh); the
+island the mesh is data parallel only (config: island_split.check_mesh); the
 parameters and Adafactor state are replicated.
 """
 

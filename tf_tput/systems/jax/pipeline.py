@@ -49,7 +49,7 @@ from typing import Optional
 
 import numpy as np
 
-from tf_tput import models, pipeline
+from tf_tput import models, pipeline, reduction
 from tf_tput.config import mesh_size
 from tf_tput.numerics import check_variable_names, sequence_id_of
 from tf_tput.systems.jax.trainer import device_mesh, local_peak_bytes, partition_spec
@@ -235,8 +235,7 @@ def link_bytes(experiment, num_islands: int):
   The shared weights' gradients (embedding, relative bias, final norm) are summed
   over the stages by one all-reduce per in-stage device, a ring over the S stages in
   order (gloo's), of that device's shard in the activation dtype (the pcast is after
-  the cast): islands.ring_link_bytes. The scalar loss's psum is not counted."""
-  from tf_tput.runtime import islands
+  the cast): reduction.ring_link_bytes. The scalar loss's psum is not counted."""
   if num_islands < 2:
     return None
   m, p, d = experiment.model, experiment.pipeline, experiment.data
@@ -252,7 +251,7 @@ def link_bytes(experiment, num_islands: int):
   variables = {v.name: v for v in models.variables(m)}
   shared = sum(laid_out_bytes(variables[name].dims) for name in SHARED)
   return ((num_islands - 1) * 2 * (M + S - 1) * boundary
-          + islands.ring_link_bytes(shared, S, num_islands))
+          + reduction.ring_link_bytes(shared, S, num_islands))
 
 
 class JaxPipelineTrainer(systems.Trainer):

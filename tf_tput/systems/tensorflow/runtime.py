@@ -24,7 +24,8 @@ from tf_tput.errors import UsageError
 from tf_tput.records import provenance
 from tf_tput.runtime import islands, topology as topology_lib
 from tf_tput.runtime.topology import Topology
-from tf_tput.systems.tensorflow import cluster as tf_cluster, workers as tf_workers
+from tf_tput.systems.tensorflow import cluster as tf_cluster, server as tf_server
+from tf_tput.systems.tensorflow import workers as tf_workers
 from tf_tput import runtime as runtime_lib
 
 
@@ -38,6 +39,7 @@ class TfRuntime(runtime_lib.Runtime):
   finds_local_tpus = False  # TF reaches a TPU through --strategy=tpu only
   serves_workers = True     # tf.distribute.Server processes (tf_workers)
   chief_drives_workers = True  # mtf's chief: train's other processes serve_worker
+  startup_noise = tf_server.STARTUP_NOISE
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     launch = topology_lib.launched()
@@ -116,7 +118,7 @@ class TfRuntime(runtime_lib.Runtime):
                      devices_per_worker: int, grace_s: float, timeout_s, start_timeout_s,
                      ports=None, network=None, chief_env=None) -> int:
     if every_worker:  # not across islands (tf_tput.launch refuses that): network is
-      # None or a runtime.islands.PrivateNetwork
+      # None or a runtime.namespaces.PrivateNetwork
       return tf_workers.launch_every_worker(command, num_workers, devices_per_worker,
                                             grace_s, timeout_s,
                                             ports[:num_workers] if ports else None,

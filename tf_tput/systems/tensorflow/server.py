@@ -38,6 +38,11 @@ from tf_tput.systems.tensorflow import cluster
 
 WATCH_PERIOD_S = 0.5
 READY_MARKER = "serving grpc://"  # printed once the server listens; starters wait for it
+# What TF prints at start-up before absl logging honours TF_CPP_MIN_LOG_LEVEL (its CPU
+# feature notice's second line, CUDA and TensorRT warnings, XLA's CUDA plugin
+# registrations), never why a process failed: the TF runtime's startup_noise, left
+# out of a log's tail (runtime.processes.log_tail; absl's own lines are left out there).
+STARTUP_NOISE = ("To enable the", r"W\d{4} .*(cuda|TensorRT)", r"E\d{4} .*cuda")
 
 
 def _exit_when_orphaned_or_expired(parent_pid: int, lifetime_s: float) -> None:

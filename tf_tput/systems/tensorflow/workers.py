@@ -2,7 +2,7 @@
 they die, stopped.
 
 TensorFlow's gRPC servers listen on every interface (server.py). Unless told to
-expose them (--expose_servers), tf_tput.launch passes a runtime.islands.PrivateNetwork,
+expose them (--expose_servers), tf_tput.launch passes a runtime.namespaces.PrivateNetwork,
 a namespace with nothing but loopback, and every task starts inside it: the workers
 and what talks to them (the chief, or every worker's copy of the program); the
 micro-benchmark runs its client and servers inside one (tf_single.run_private).
@@ -24,7 +24,7 @@ import time
 import tf_tput
 from tf_tput.runtime import processes
 from tf_tput.systems.tensorflow import cluster
-from tf_tput.systems.tensorflow.server import READY_MARKER
+from tf_tput.systems.tensorflow.server import READY_MARKER, STARTUP_NOISE
 
 SERVER_MODULE = "tf_tput.systems.tensorflow.server"
 WORKER_LOSS_GRACE_S = 30.0     # how long the chief gets to notice a lost worker
@@ -127,7 +127,7 @@ class WorkerProcesses:
   def describe(self, task_and_code) -> str:
     task, code = task_and_code
     tail = processes.log_tail(self._log_path(task), LOG_TAIL_LINES,
-                              "(nothing but TF start-up notices)")
+                              "(nothing but TF start-up notices)", STARTUP_NOISE)
     return (f"worker {task} (pid {self.procs[task].pid}, {self.addresses[task]}) "
             f"{processes.how(code)}; its log ends: {tail}")
 
@@ -142,7 +142,7 @@ def launch_every_worker(command: list, num_workers: int, devices_per_worker: int
   """N copies of `command`, worker i with TF_CONFIG naming it task i of a loopback
   "worker" job (MultiWorkerMirroredStrategy's cluster: every worker runs the program,
   worker 0 is its chief) and DEVICES_ENV; failures and Ctrl-C as processes.launch.
-  With `network` (a runtime.islands.PrivateNetwork) every copy starts inside it."""
+  With `network` (a runtime.namespaces.PrivateNetwork) every copy starts inside it."""
   spec = loopback_cluster(num_workers, with_chief=False, ports=ports)
   return processes.launch(
       command, num_workers, grace_s, timeout_s, network=network,
@@ -159,7 +159,7 @@ def launch(command: list, num_workers: int, devices_per_worker: int, grace_s: fl
   runs is named at once; the command then has WORKER_LOSS_GRACE_S to notice and record
   the failure before it is stopped. Ctrl-C / SIGTERM stop everything: 128 + signal.
   With `network` (a runtime.islands.IslandNetwork) every task starts inside its island
-  (island_cluster), the chief in island 0; with a runtime.islands.PrivateNetwork every
+  (island_cluster), the chief in island 0; with a runtime.namespaces.PrivateNetwork every
   task starts inside it, on loopback. chief_env adds variables to the chief's
   environment.
   """

@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from tf_tput import models
+from tf_tput import models, reduction
 from tf_tput import systems
 from tf_tput.numerics import check_variable_names
 
@@ -29,12 +29,11 @@ def all_reduce_link_bytes(experiment, member_islands: list) -> int:
   """Bytes one step's all-reduce sends between islands: gloo's ring over the ranks,
   rank r in island member_islands[r], its one buffer every gradient and the loss in
   float32 (_all_reduce). With one rank per island that is
-  runtime/islands.analytic_link_bytes; with more, the flat ring's edges between
+  reduction.analytic_link_bytes; with more, the flat ring's edges between
   islands each carry their share (ring_bytes_between), which no hierarchical
   reduction here shortens."""
-  from tf_tput.runtime import islands
   buffer = (models.num_params(experiment.model) + 1) * models.BYTES_PER_VARIABLE_ELEMENT
-  return islands.ring_bytes_between(buffer, member_islands)
+  return reduction.ring_bytes_between(buffer, member_islands)
 
 
 class TorchTrainer(systems.Trainer):

@@ -13,7 +13,7 @@ shard. Here an all-reduce over a group that spans the islands is written instead
      own ring (allreduce_ring), so each island sends 2(K-1)/K of its reduced tensor;
   3. all-gather inside each island: every device concatenates its island's pieces.
 That is the reduction jax/islands.py writes in shard_map, and the one
-tf_tput.runtime.islands.analytic_link_bytes counts. The master's graph partitioner
+tf_tput.reduction.analytic_link_bytes counts. The master's graph partitioner
 turns each cross-worker edge into a gRPC Send/Recv, which is what the links carry.
 Small tensors (the loss, scalars) and groups inside one island keep mtf's ring. With
 a model axis inside the islands (mesh 'batch:B;model:M', batch first) each model
@@ -73,7 +73,7 @@ def allreduce_islands(xs, devices, num_islands: int, reduction_fn_string: str = 
 def mesh_impl(shape, layout, devices, num_islands: int):
   """A PlacementMeshImpl whose all-reduces over groups that span every island are
   allreduce_islands. With a model axis inside the islands (the batch axis first:
-  runtime/islands.check_mesh), each model slice's group spans the islands with an
+  island_split.check_mesh), each model slice's group spans the islands with an
   equal, island-major share in each."""
   mtf, _ = compat.import_mtf()
   per_island = len(devices) // num_islands

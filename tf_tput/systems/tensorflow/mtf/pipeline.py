@@ -20,8 +20,7 @@ micro-batch m while stage s+1 works on m-1 (GPipe's schedule, not enforced; a
 
 import copy
 
-from tf_tput import compat, pipeline
-from tf_tput.runtime import islands
+from tf_tput import compat, island_split, pipeline
 from tf_tput.systems.tensorflow.mtf import model as mtf_model
 from tf_tput.systems.tensorflow.mtf.trainer import MtfTrainer
 
@@ -176,11 +175,11 @@ class MtfPipelineTrainer(MtfTrainer):
     for op in graph.operations:
       if isinstance(op, StageTransfer):
         source, target = stage_of[op.inputs[0].mesh], stage_of[op.mesh]
-        if (islands.island_of_stage(source, S, K)
-            != islands.island_of_stage(target, S, K)):
+        if (island_split.island_of_stage(source, S, K)
+            != island_split.island_of_stage(target, S, K)):
           # Every device's slice is copied, replicated ones too (the embedding).
           y = op.outputs[0]
           sent += mesh_to_impl[op.mesh].laid_out_size(y.shape) * y.dtype.size
-    remote_stages = sum(islands.island_of_stage(s, S, K) != 0 for s in range(S))
+    remote_stages = sum(island_split.island_of_stage(s, S, K) != 0 for s in range(S))
     fed = sum(p.shape.num_elements() * p.dtype.size for p in self._placeholders.values())
     return sent + remote_stages * fed

@@ -8,9 +8,8 @@ import logging
 import time
 from typing import Optional
 
-from tf_tput import compat, errors
+from tf_tput import compat, errors, reduction
 from tf_tput.numerics import check_variable_names
-from tf_tput.runtime import islands
 from tf_tput.systems.tensorflow import cluster, runtime as tf_runtime
 from tf_tput.systems.tensorflow.mtf import model as mtf_model
 from tf_tput import systems
@@ -95,7 +94,7 @@ class MtfTrainer(systems.Trainer):
     them (islands.IslandPlacementMeshImpl counts them); None elsewhere."""
     del graph, experiment
     reduced = sum(getattr(impl, "reduced_bytes", 0) for impl in mesh_to_impl.values())
-    return islands.analytic_link_bytes(reduced, topology.islands) if reduced else None
+    return reduction.analytic_link_bytes(reduced, topology.islands) if reduced else None
 
   def step(self, batch: dict) -> float:
     feed = {self._placeholders[k]: batch[k] for k in self._placeholders}

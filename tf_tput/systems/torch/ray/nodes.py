@@ -7,7 +7,7 @@ network.island_of(i, count) at that island's address, so that what the nodes sen
 each other (the object store's transfers, gloo between actors, Ray's control RPCs)
 crosses the islands' shaped links and nothing else; the driver runs in island 0 with
 the head. Without one every node is started at 127.0.0.1: inside a
-runtime.islands.PrivateNetwork, where loopback is all there is, or, given None (where
+runtime.namespaces.PrivateNetwork, where loopback is all there is, or, given None (where
 servers may be exposed), in this machine's network, where Ray advertises its
 routable address instead. Either way Ray's servers listen on every interface: it
 refuses a multi-node cluster in the loopback-only mode cluster.py uses.
