@@ -16,15 +16,23 @@ from tf_tput.runtime import host_runs
 
 
 # Every train run a test starts (its subprocesses inherit this environment) keeps its
-# compilation cache (--compilation_cache_dir's default, under XDG_CACHE_HOME) in a
-# directory of this test session, never the user's ~/.cache; removed at exit.
-_CACHE_HOME = tempfile.mkdtemp(prefix="tf_tput-test-cache-")
-os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
-atexit.register(shutil.rmtree, _CACHE_HOME, True)
+# compilation cache (--compilation_cache_dir's default) and its peak probes (the
+# peak store) under XDG_CACHE_HOME: a directory of this test session, never the
+# user's ~/.cache, removed at exit. One directory for the whole session: the pytest
+# process that starts first makes it, and its xdist workers (started with its
+# environment) use it, so a program compiled or a CPU probed in one worker is loaded
+# in every other, as a user's second run loads it. (Both caches lock their writes.)
+# Tests that need a cold cache name a directory of their own.
+_SESSION_CACHE_ENV = "TF_TPUT_TEST_SESSION_CACHE"
+if not os.environ.get(_SESSION_CACHE_ENV):
+  os.environ[_SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="tf_tput-test-cache-")
+  atexit.register(shutil.rmtree, os.environ[_SESSION_CACHE_ENV], True)
+os.environ["XDG_CACHE_HOME"] = os.environ[_SESSION_CACHE_ENV]
 # The live runs a record's concurrent_runs lists (tf_tput/runtime/host_runs.py) are
 # this test process's alone: runs of the other xdist workers share the host, and
 # would otherwise be listed in the records of tests that expect none.
-os.environ[host_runs.LIVE_DIR_ENV] = os.path.join(_CACHE_HOME, "live-runs")
+os.environ[host_runs.LIVE_DIR_ENV] = tempfile.mkdtemp(
+    prefix=f"live-runs-{os.getpid()}-", dir=os.environ[_SESSION_CACHE_ENV])
 
 
 # One GEMM path per framework for the tests' runs (tf_tput/measure/gemm.py), set as a
