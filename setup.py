@@ -1,9 +1,10 @@
 """tf_tput: training-throughput benchmarks of distributed ML systems (Pathways, MLSys 2022).
 
-Install for development with `pip install -e ".[test,jax,ray]"`; scripts/bench.sh and
-scripts/test.sh do it for you in .venv. The gin files (gin/: models, mesh, pipeline,
-suites) go into the package as tf_tput/gin/, so a plain `pip install .` or a wheel
-ships them too (tests/e2e/test_wheel_install.py builds and installs one).
+Install for development with `pip install -e ".[test,jax,ray,pathways]"`;
+scripts/bench.sh and scripts/test.sh do it for you in .venv. The gin files (gin/:
+models, mesh, pipeline, suites) go into the package as tf_tput/gin/, so a plain
+`pip install .` or a wheel ships them too (tests/e2e/test_wheel_install.py builds
+and installs one).
 """
 
 from setuptools import find_packages, setup

@@ -2,7 +2,7 @@
 # Runs the test suite in .venv (created and installed on first use), after
 # scripts/lint.sh (ruff check). Extra arguments go to pytest and skip the lint, e.g.
 # scripts/test.sh -k results -x
-TF_TPUT_EXTRAS="test,jax,ray"
+TF_TPUT_EXTRAS="test,jax,ray,pathways"
 source "$(dirname "$0")/_venv.sh"
 # One worker per core, at most 4 (each may hold a TF or JAX process of a few GiB);
 # much of the suite waits on child processes, so two workers on two cores still
