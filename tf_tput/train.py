@@ -35,10 +35,13 @@ request_lib.define_flags(__name__)  # this module's: its --helpshort lists them
 
 
 def _peak_store(system, reprobe: bool) -> peak_store.PeakStore:
-  """Where this CPU's probes for the system's framework are kept (--reprobe_peak)."""
+  """Where this CPU's probes for the system's framework are kept (--reprobe_peak):
+  under the versions of its runtime's framework, so systems on one framework (mtf,
+  tf2) share them."""
   return peak_store.PeakStore(
       os.path.join(preflight.user_cache(), "tf_tput", peak_store.FILE_NAME),
-      provenance.versions(system.distributions), reprobe=reprobe)
+      provenance.versions(system.runtime.distributions or system.distributions),
+      reprobe=reprobe)
 
 
 def _resolve_devices(request: Request, system, experiment, tpu_address):

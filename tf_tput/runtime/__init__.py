@@ -49,7 +49,10 @@ serve_worker(timeout_s) -> exit code instead of training. A runtime whose framew
 prints start-up notices that never say why a process failed names them in
 startup_noise (default (): regular expressions matched at a line's start), which a
 dead process's log tail leaves out (processes.log_tail; the suite's, of any run,
-leaves out every registered runtime's).
+leaves out every registered runtime's). A runtime shared by systems built from more
+than their framework (mtf adds mesh_tensorflow to TF) names its framework's
+distributions in distributions (default {}: the system's), which key the peak store's
+probes, so those systems share them.
 
 Each runtime imports its framework only inside the methods that need it, so choosing
 a system loads only its own framework.
@@ -66,6 +69,10 @@ class Runtime(Protocol):
   gemm_paths_named_only: tuple = ()  # gemm_paths run only where named, never probed
   chief_drives_workers: bool = False  # multi_worker's other processes serve_worker
   startup_noise: tuple = ()  # its framework's start-up notices, left out of log tails
+  # The record's env key -> distributions of the framework whose matmul the peak probe
+  # runs: a probe the peak store keeps stands until one of their versions changes.
+  # {}: the system's (System.distributions).
+  distributions: dict = {}
 
   def compilation_cache(self, directory: Optional[str]) -> None:
     """Only where keeps_compilation_cache."""

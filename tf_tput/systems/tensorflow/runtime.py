@@ -40,6 +40,8 @@ class TfRuntime(runtime_lib.Runtime):
   serves_workers = True     # tf.distribute.Server processes (tf_workers)
   chief_drives_workers = True  # mtf's chief: train's other processes serve_worker
   startup_noise = tf_server.STARTUP_NOISE
+  # TF's matmul, whichever system runs it (mtf's mesh_tensorflow adds none).
+  distributions = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
 
   def check(self, strategy: str, every_worker: bool, cluster_timeout_s: float) -> None:
     launch = topology_lib.launched()
