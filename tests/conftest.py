@@ -99,8 +99,10 @@ ALONE_FILES = {"test_micro_tf.py"}
 # Files whose module-scoped fixture trains models that every test in the file reads
 # (one subprocess run for all cases). Under xdist each worker that gets one of their
 # tests builds the fixture again (1-2 minutes each), so each file runs in one worker.
-# test_jax_model.py and test_tf2_model.py share their mtf training runs the same way,
-# through an lru_cache; test_ray_nodes.py its two-node Ray cluster.
+# test_jax_model.py and test_tf2_model.py each share their training runs across their
+# tests the same way, through an lru_cache (the mtf reference runs both compare with
+# are computed once per session, tests/mtf_references.py); test_ray_nodes.py its
+# two-node Ray cluster.
 SHARED_FIXTURE_FILES = {"test_jax_pipeline.py", "test_mtf_pipeline.py",
                         "test_jax_islands.py", "test_jax_model.py", "test_tf2_model.py",
                         "test_ray_nodes.py"}

@@ -13,6 +13,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+import mtf_references  # noqa: E402
 from tf_tput import config  # noqa: E402
 from tf_tput import data  # noqa: E402
 from tf_tput import models  # noqa: E402
@@ -58,15 +59,6 @@ def _jax_loss(weights, batch, m):
   return float(_jitted_loss(weights, batch, m=m))
 
 
-def _padded(batch: dict, rng) -> dict:
-  """Each row cut at a random length and padded with 0 (tests the padding masks)."""
-  batch = {k: v.copy() for k, v in batch.items()}
-  for k in data.FEATURES:
-    for row in batch.get(k, []):
-      row[int(rng.integers(5, row.size)):] = data.PAD_ID
-  return batch
-
-
 def _packed_batch(experiment, seed: int) -> dict:
   """Examples of 4..50 ids (EOS-terminated) packed by data._pack, as tfds rows are."""
   rng = np.random.default_rng(seed)
@@ -86,15 +78,15 @@ def _training_run(name: str, params: tuple = ()) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _cached_training_run(name: str, params: tuple) -> dict:
-  """STEPS steps of the mtf trainer and of a jitted JAX step (value_and_grad(loss_fn),
+  """STEPS steps of the mtf trainer (the session's shared reference run,
+  tests/mtf_references.py) and of a jitted JAX step (value_and_grad(loss_fn),
   adafactor(), apply_updates) from the same initial weights on the same batches; then
   one padded batch at the trained weights."""
   experiment = _experiment(name, params)
   m = experiment.model
-  trainer = _mtf_trainer(experiment)
-  weights = trainer.export_variables()
+  reference = mtf_references.training_run(name, params, STEPS)
+  weights = reference.initial
   batches = list(itertools.islice(data.batches(experiment), STEPS))
-  mtf_losses = [trainer.step(b) for b in batches]
 
   optimizer = jax_model.adafactor()
 
@@ -111,15 +103,13 @@ def _cached_training_run(name: str, params: tuple) -> dict:
     params, opt_state, loss = train_step(params, opt_state, batch)
     jax_losses.append(float(loss))
 
-  padded = _padded(next(data.batches(experiment)), np.random.default_rng(1))
-  trained = trainer.export_variables()
-  result = {
+  padded = mtf_references.padded_batch(experiment)
+  return {
       "step0_jax": _jax_loss(weights, batches[0], m),
-      "mtf": mtf_losses, "jax": jax_losses,
-      "padded_jax": _jax_loss(trained, padded, m), "padded_mtf": trainer.step(padded),
+      "mtf": list(reference.losses), "jax": jax_losses,
+      "padded_jax": _jax_loss(reference.trained, padded, m),
+      "padded_mtf": reference.padded_loss,
   }
-  trainer.close()
-  return result
 
 
 @pytest.mark.parametrize("name", ["t5_tiny", "decoder_tiny"])
