@@ -37,7 +37,6 @@ from tf_tput import GIN_DIR, config, dcn, entry, errors, models, pipeline
 from tf_tput.errors import UsageError
 from tf_tput.measure import peak as peak_lib
 from tf_tput.records import results
-from tf_tput import island_split
 from tf_tput.report import published
 
 FLAGS = flags.FLAGS
@@ -229,12 +228,21 @@ def island_mesh(experiment, num_islands: int, per_island: int):
   return ";".join(f"{a}:{n}" for a, n in {axis: devices // split, **others}.items())
 
 
+def _check_islands(experiment, num_islands: int) -> None:
+  """How the mesh splits across the islands, checked as tf_tput.train and a suite's
+  validation check it (preflight.check_shape), for whichever system would run it."""
+  # Imported here: preflight brings train's request and numpy, which a plan without
+  # islands never needs.
+  from tf_tput import preflight
+  preflight.check_shape(None, experiment, num_islands=num_islands)
+
+
 def island_experiment(experiment, gin_files, gin_params: list, num_islands: int,
                       per_island: int):
   """(the experiment on the devices the projection counts, its gin params, what was
   assumed or None): per-device bytes are those of that mesh, not the config's."""
   if experiment.pipelined:  # S/K stages an island, whatever the mesh: say that first
-    island_split.check_mesh(experiment, num_islands, ("pipeline",))
+    _check_islands(experiment, num_islands)
   shape = island_mesh(experiment, num_islands, per_island)
   if shape is None:
     return experiment, gin_params, None
@@ -384,7 +392,7 @@ def _project(experiment, p: dict, assumptions, num_islands: int) -> dict:
     d = dcn.project_pipeline(experiment, num_islands, p["num_devices"] // num_islands,
                              assumptions)
   else:
-    island_split.check_mesh(experiment, num_islands, ("data", "model"))
+    _check_islands(experiment, num_islands)
     d = dcn.project(experiment, num_islands, p["num_devices"] // num_islands,
                     assumptions)
   return {**d, "per_island": island_bytes(p, num_islands)}

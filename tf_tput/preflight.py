@@ -1,6 +1,12 @@
 """A run's request checked before any framework starts (check): every flag, the gin
 files and the environment the launcher gave, so that what fails here is one error line
-and exit 2 with nothing run. A run that passes ends in a record (tf_tput/train.py)."""
+and exit 2 with nothing run. A run that passes ends in a record (tf_tput/train.py).
+
+What depends only on the run's shape (its system, config, strategy, and the processes,
+islands and devices it will have) is check_shape's, which a suite's --dry_run and
+tf_tput.plan call as well, so that all three refuse the same runs; the rest (the
+results file, directories, host memory, the live launcher's environment) is train's
+alone."""
 
 import dataclasses
 import os
@@ -32,6 +38,11 @@ def experiment_of(request: Request) -> config.Experiment:
                                 systems.options(request.system))
 
 
+# Launch.launcher of the processes tf_tput.launch starts (runtime/launchers.py). It
+# starts a chief's worker servers itself (--num_workers) and the chief once, so its
+# several processes (--num_processes) are never a chief and its servers.
+LAUNCH_MODULE = "tf_tput.launch"
+
 # The longest --cluster_timeout_s (11.6 days): every framework's clock takes it.
 MAX_TIMEOUT_S = 1e6
 
@@ -46,12 +57,11 @@ def check_writable_dir(path: str, flag: str) -> None:
                      "choose another") from None
 
 
-def _check_strategy(request: Request, experiment):
+def _check_strategy(request: Request):
   """Checks the --strategy flags before any framework starts (the config's part in
-  systems.check_strategy, which a suite's validation shares; the environment's part
-  the system's runtime checks); the TPU's address or None."""
+  check_shape; the environment's part the system's runtime checks); the TPU's address
+  or None."""
   strategy, system = request.strategy, systems.load(request.system)
-  systems.check_strategy(request.system, strategy, experiment, request.num_cpu_devices)
   system.runtime.check(strategy, system.every_worker, request.cluster_timeout_s)
   tpu_flags = {"tpu": request.tpu, "tpu_zone": request.tpu_zone,
                "gcp_project": request.gcp_project}
@@ -71,22 +81,6 @@ def _check_strategy(request: Request, experiment):
     return None
   from tf_tput.runtime import tpu
   return tpu.address_from_flags(**tpu_flags)
-
-
-def _check_islands(request: Request, experiment) -> None:
-  """Processes tf_tput.launch --islands put in islands train data parallel across them,
-  or as a pipeline whose stages split across them (island_split.check_mesh)."""
-  num_islands = topology_lib.launched_islands()
-  if not num_islands:
-    return
-  if not systems.load(request.system).islands:
-    able = [name for name in systems.REGISTRY if systems.load(name).islands]
-    raise UsageError(f"--system={request.system} does not train across islands; use "
-                     f"--system={' or --system='.join(able)} under tf_tput.launch "
-                     "--islands")
-  island_split.check_mesh(experiment, num_islands, systems.load(request.system).islands,
-                     (request.num_cpu_devices or 0) * topology_lib.launched_processes()[0]
-                     or None)
 
 
 def _check_host_memory(experiment) -> None:
@@ -142,8 +136,6 @@ def check(request: Request) -> Checked:
   starts."""
   systems.check_name(request.system)
   experiment = experiment_of(request)
-  systems.check_experiment(request.system, experiment)
-  num_processes, process_id = topology_lib.launched_processes()
   for name in ("num_cpu_devices", "log_every"):
     if getattr(request, name) is not None and getattr(request, name) < 1:
       raise UsageError(f"--{name}={getattr(request, name)}; it must be >= 1")
@@ -152,18 +144,18 @@ def check(request: Request) -> Checked:
     if timeout_s is not None and not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
       raise UsageError(f"--{name}={timeout_s}; it must be > 0 (seconds) and at most "
                        f"{MAX_TIMEOUT_S:g}")
-  tpu_address = _check_strategy(request, experiment)
-  _check_processes(request, systems.load(request.system))
+  launch = topology_lib.launched()
+  check_shape(request.system, experiment, strategy=request.strategy,
+              num_processes=launch.num_processes, launcher=launch.launcher,
+              num_islands=topology_lib.launched_islands(),
+              num_cpu_devices=request.num_cpu_devices)
+  tpu_address = _check_strategy(request)
   gemm.check(systems.load(request.system).runtime, request.strategy,
              experiment.model.activation_dtype, request.gemm)
-  _check_islands(request, experiment)
-  if request.num_cpu_devices is not None:
-    config.validate(experiment, num_devices=request.num_cpu_devices * num_processes,
-                    num_processes=num_processes)
   if serves(request, systems.load(request.system)):  # a worker server: no record, no peak
     return Checked(experiment, tpu_address, [], None)
   _check_host_memory(experiment)
-  writes_record = process_id == 0
+  writes_record = launch.process_id == 0
   malformed = results.check_appendable(request.results) if writes_record else []
   if request.tensorboard_dir and writes_record:
     check_writable_dir(request.tensorboard_dir, "--tensorboard_dir")
@@ -187,7 +179,11 @@ def drives_servers(request: Request, system) -> bool:
   """Whether the system's one process drives worker servers (mtf
   --strategy=multi_worker): under a launcher of several processes (srun, a TF_CONFIG
   job) process 0 is that chief and the others serve it."""
-  return request.strategy == "multi_worker" and systems.drives_worker_servers(system)
+  return _drives_servers(request.strategy, system)
+
+
+def _drives_servers(strategy: str, system) -> bool:
+  return strategy == "multi_worker" and systems.drives_worker_servers(system)
 
 
 def serves(request: Request, system) -> bool:
@@ -195,18 +191,81 @@ def serves(request: Request, system) -> bool:
   return drives_servers(request, system) and topology_lib.launched_processes()[1] > 0
 
 
-def _check_processes(request: Request, system) -> None:
-  """The processes their launcher started, against what the system runs as."""
-  launch = topology_lib.launched()
-  num_processes = launch.num_processes
-  chief = drives_servers(request, system) and launch.launcher != "tf_tput.launch"
+# check_shape's refusals that a caller asking in other terms (a suite's matrix fields,
+# not train's flags and launcher) says in its own words; each is a UsageError, which
+# train prints as it is.
+class StrategyError(UsageError):
+  """What --strategy asks of the system and the config that it cannot do
+  (systems.check_strategy)."""
+
+
+class OneProcessError(UsageError):
+  """Several processes for a system that runs as one."""
+
+
+class NoIslandsError(UsageError):
+  """Islands for a system that does not train across them."""
+
+
+# Every way a System's islands may split a run across and inside islands
+# (island_split.check_mesh): with no system chosen, the mesh is held to what one could do.
+ANY_ISLANDS = ("data", "model", "pipeline")
+
+
+def check_shape(system_name: Optional[str], experiment: config.Experiment, *,
+                strategy: str = "local", num_processes: int = 1,
+                launcher: str = LAUNCH_MODULE, num_islands: int = 0,
+                num_cpu_devices: Optional[int] = None,
+                workers: Optional[tuple] = None) -> None:
+  """What a run asks of its system, from its shape alone: these arguments and the
+  config, no other flag and no environment. tf_tput.train passes what its launcher
+  started; a suite's validation, what its matrix will start; tf_tput.plan, no system
+  (system_name None: whichever would run it), so only how the mesh splits across
+  islands, as the most able system would split it. One UsageError in train's words;
+  those a suite says in its matrix's words are the subclasses above.
+
+  num_processes: the processes the train command runs as; launcher: what started them
+  (Launch.launcher); num_islands: tf_tput.launch --islands (0: none); num_cpu_devices:
+  each process's (--num_cpu_devices); workers: (worker servers, devices each) of
+  tf_tput.launch --num_workers where known before they start (a suite's; train's
+  chief finds them), else None."""
+  if system_name is None:
+    if num_islands:
+      island_split.check_mesh(experiment, num_islands, ANY_ISLANDS)
+    return
+  system = systems.load(system_name)
+  systems.check_experiment(system_name, experiment)
+  try:
+    systems.check_strategy(system_name, strategy, experiment, num_cpu_devices)
+  except UsageError as e:
+    raise StrategyError(str(e)) from None
+  _check_processes(system_name, system, strategy, num_processes, launcher)
+  if num_islands:  # data parallel across them, or a pipeline's stages split across them
+    if not system.islands:
+      able = [name for name in systems.REGISTRY if systems.load(name).islands]
+      raise NoIslandsError(f"--system={system_name} does not train across islands; use "
+                           f"--system={' or --system='.join(able)} under tf_tput.launch "
+                           "--islands")
+    island_split.check_mesh(experiment, num_islands, system.islands,
+                            (num_cpu_devices or 0) * num_processes or None)
+  if num_cpu_devices is not None:
+    config.validate(experiment, num_devices=num_cpu_devices * num_processes,
+                    num_processes=num_processes)
+  if workers:
+    config.validate(experiment, num_devices=workers[0] * workers[1])
+
+
+def _check_processes(system_name: str, system, strategy: str, num_processes: int,
+                     launcher: str) -> None:
+  """The processes their launcher starts, against what the system runs as."""
+  chief = _drives_servers(strategy, system) and launcher != LAUNCH_MODULE
   if num_processes > 1 and not system.multi_process and not chief:
-    raise UsageError(f"--system={request.system} runs as one process (a single "
-                     f"controller), not as {num_processes} processes of {launch.launcher}; "
-                     "for a cluster use tf_tput.launch --num_workers=N -- ... "
-                     "--strategy=multi_worker" + (
-                         ", or srun with --strategy=multi_worker (task 0 drives the "
-                         "others)" if systems.drives_worker_servers(system) else ""))
-  if num_processes > 1 and system.every_worker and request.strategy != "multi_worker":
-    raise UsageError(f"--system={request.system} runs as several processes only as the "
+    raise OneProcessError(
+        f"--system={system_name} runs as one process (a single controller), not as "
+        f"{num_processes} processes of {launcher}; for a cluster use tf_tput.launch "
+        "--num_workers=N -- ... --strategy=multi_worker" + (
+            ", or srun with --strategy=multi_worker (task 0 drives the others)"
+            if systems.drives_worker_servers(system) else ""))
+  if num_processes > 1 and system.every_worker and strategy != "multi_worker":
+    raise UsageError(f"--system={system_name} runs as several processes only as the "
                      "workers of tf_tput.launch --num_workers=N with --strategy=multi_worker")

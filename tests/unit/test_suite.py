@@ -1,4 +1,5 @@
-"""tf_tput/suite: suite files -> runs, run keys <-> record keys, bad suite input."""
+"""tf_tput/suite: suite files -> runs, run keys <-> record keys, bad suite input, and
+the checks of a run's shape its validation shares with train (preflight.check_shape)."""
 
 import dataclasses
 import json
@@ -6,10 +7,11 @@ import sys
 
 import pytest
 
-from tf_tput import config
+from tf_tput import config, preflight
 from tf_tput import suite as suites
 from tf_tput.records import keys, results
 from tf_tput.errors import UsageError
+from tf_tput.request import Request
 from tf_tput.runtime import launchers
 from tf_tput.suite import __main__ as suite_main, shares
 
@@ -327,7 +329,9 @@ def test_islands_paper_splits_the_model_inside_islands_for_mtf():
 def test_a_model_axis_across_islands_is_refused_for_jax():
   run = next(r for r in suites.expand(suites.load("islands_paper")) if "islands=2" in
              " ".join(r.launcher))
-  jax = dataclasses.replace(run, flags={**run.flags, "system": "jax"})
+  # jax under the strategy a matrix gives it (local): the model axis is its one fault.
+  flags = {name: value for name, value in run.flags.items() if name != "strategy"}
+  jax = dataclasses.replace(run, flags={**flags, "system": "jax"}, strategy="local")
   with pytest.raises(UsageError, match="split the model"):
     suites.validate(jax)
 
@@ -402,3 +406,118 @@ def test_the_resume_advice_of_an_array_task_requeues_that_task_only():
   task = shares.ArrayTask("14", 2, 0, 3, 1, 4)
   assert suite_main._resume(task) == "requeue this array task (scontrol requeue 14_2)"
   assert suite_main._resume(None) == "rerun the same command"
+
+
+# preflight.check_shape: the checks of a run's shape that tf_tput.train's preflight, a
+# suite's validation and tf_tput.plan share, each entry point saying them in its own
+# words.
+
+TINY = "gin/models/t5_tiny.gin"
+
+
+def _experiment(*files, model=TINY, params=()):
+  return config.load_experiment([model, *files], list(params))
+
+
+def _matrix_runs(tmp_path, text: str) -> list:
+  path = tmp_path / "s.gin"
+  path.write_text("Suite.name = 's'\nSuite.matrices = [@TrainMatrix()]\n"
+                  "TrainMatrix.models = ['t5_tiny']\n" + text)
+  return suites.expand(suites.load(str(path)))
+
+
+def _launched_by_launch(monkeypatch, processes: int, islands: int = 0) -> None:
+  """The environment tf_tput.launch gives process 0 of `processes` (in `islands`)."""
+  monkeypatch.setenv("TF_TPUT_NUM_PROCESSES", str(processes))
+  monkeypatch.setenv("TF_TPUT_PROCESS_ID", "0")
+  monkeypatch.setenv("TF_TPUT_COORDINATOR", "127.0.0.1:12345")
+  if islands:
+    monkeypatch.setenv("TF_TPUT_NUM_ISLANDS", str(islands))
+
+
+def test_several_processes_of_a_one_process_system_in_trains_and_the_suites_words(
+    tmp_path, monkeypatch):
+  with pytest.raises(preflight.OneProcessError) as shape:
+    preflight.check_shape("mtf", _experiment(), num_processes=2)
+  assert str(shape.value).startswith("--system=mtf runs as one process (a single "
+                                     "controller), not as 2 processes of tf_tput.launch")
+  _launched_by_launch(monkeypatch, 2)
+  with pytest.raises(UsageError) as train:
+    preflight.check(Request(gin_file=(TINY,), system="mtf",
+                            results=str(tmp_path / "r.jsonl")))
+  assert str(train.value) == str(shape.value)
+  # A matrix's processes: mtf's become worker servers, a one-process system's are refused.
+  [run] = _matrix_runs(tmp_path, "TrainMatrix.systems = ['pathways']\n"
+                       "TrainMatrix.processes = 2\n")
+  with pytest.raises(UsageError) as suite:
+    suites.validate(run)
+  assert str(suite.value) == (
+      f"run {run.label!r}: --system=pathways runs as one process, not under "
+      "tf_tput.launch --num_processes (TrainMatrix.processes)")
+
+
+def test_a_chief_of_worker_servers_runs_among_another_launchers_processes():
+  experiment = _experiment()
+  preflight.check_shape("mtf", experiment, strategy="multi_worker", num_processes=3,
+                        launcher="slurm")  # task 0 drives the other two
+  with pytest.raises(preflight.OneProcessError, match="srun with --strategy=multi_worker"):
+    preflight.check_shape("mtf", experiment, strategy="multi_worker", num_processes=3)
+
+
+def test_a_system_whose_every_worker_runs_the_program_needs_multi_worker():
+  with pytest.raises(UsageError, match="runs as several processes only as the workers"):
+    preflight.check_shape("tf2", _experiment(), num_processes=2)
+
+
+def test_islands_for_a_system_without_them_in_trains_and_the_suites_words(
+    tmp_path, monkeypatch):
+  with pytest.raises(preflight.NoIslandsError) as shape:
+    preflight.check_shape("tf2", _experiment(), num_islands=2)
+  assert str(shape.value).startswith("--system=tf2 does not train across islands; use ")
+  assert str(shape.value).endswith(" under tf_tput.launch --islands")
+  _launched_by_launch(monkeypatch, 1, islands=2)
+  with pytest.raises(UsageError) as train:
+    preflight.check(Request(gin_file=(TINY,), system="tf2",
+                            results=str(tmp_path / "r.jsonl")))
+  assert str(train.value) == str(shape.value)
+  run = _matrix_runs(tmp_path, "TrainMatrix.systems = ['tf2']\n"
+                     "TrainMatrix.processes = 2\nTrainMatrix.islands = [2]\n")[0]
+  with pytest.raises(UsageError) as suite:
+    suites.validate(run)
+  assert str(suite.value) == f"run {run.label!r}: --system=tf2 does not train across islands"
+
+
+def test_the_strategys_refusal_carries_the_suites_hint_only_in_a_suite(tmp_path):
+  with pytest.raises(preflight.StrategyError) as shape:
+    preflight.check_shape("mtf", _experiment(), strategy="tpu")
+  assert str(shape.value).startswith("--strategy=tpu trains in bfloat16 activations")
+  [run] = _matrix_runs(tmp_path, "TrainMatrix.systems = ['mtf']\n"
+                       "TrainMatrix.strategy = 'tpu'\n")
+  with pytest.raises(UsageError) as suite:
+    suites.validate(run)
+  assert str(suite.value) == (f"run {run.label!r}: {shape.value} (in the suite file: "
+                              "TrainMatrix.dtypes, strategy, num_cpu_devices)")
+
+
+def test_the_devices_of_processes_and_of_workers_against_the_mesh():
+  data4 = _experiment("gin/mesh/data4.gin")
+  preflight.check_shape("jax", data4, num_processes=2, num_cpu_devices=2)
+  with pytest.raises(UsageError, match="has 4 devices but 6 are available"):
+    preflight.check_shape("jax", data4, num_processes=3, num_cpu_devices=2)
+  preflight.check_shape("mtf", data4, strategy="multi_worker", workers=(2, 2))
+  with pytest.raises(UsageError, match="has 4 devices but 2 are available"):
+    preflight.check_shape("mtf", data4, strategy="multi_worker", workers=(2, 1))
+
+
+def test_with_no_system_only_the_islands_split_is_checked_as_the_most_able_would():
+  model = _experiment("gin/mesh/data2_model2.gin")
+  preflight.check_shape(None, model)                 # no islands: nothing to check
+  preflight.check_shape(None, model, num_islands=2)  # model axes inside islands
+  with pytest.raises(UsageError, match="split the model"):
+    preflight.check_shape("jax", model, num_islands=2)
+  pipelined = _experiment("gin/mesh/data2.gin", "gin/pipeline/s4_m16.gin",
+                          model="gin/models/decoder_deep.gin",
+                          params=["TrainConfig.global_batch = 32"])
+  preflight.check_shape(None, pipelined, num_islands=4)
+  with pytest.raises(UsageError, match="stages = 4 across 3 islands"):
+    preflight.check_shape(None, pipelined, num_islands=3)

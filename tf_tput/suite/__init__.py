@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from tf_tput import GIN_DIR, GIN_PARENT, config, errors, island_split, micro, models, pipeline
+from tf_tput import GIN_DIR, GIN_PARENT, config, errors, micro, models, pipeline, preflight
 from tf_tput import systems
 from tf_tput.records import keys, results
 from tf_tput.runtime import islands as islands_lib, launchers, topology
@@ -34,7 +34,7 @@ SUITES_DIR = GIN_DIR / "suites"
 NO_PIPELINE = "none"
 TRAIN_MODULE = "tf_tput.train"
 MICRO_MODULE = "tf_tput.micro"
-LAUNCH_MODULE = "tf_tput.launch"
+LAUNCH_MODULE = preflight.LAUNCH_MODULE
 
 
 @gin.configurable
@@ -433,39 +433,32 @@ def _workers(run: Run) -> Optional[tuple]:
 
 
 def validate(run: Run) -> str:
-  """Checks a train run as tf_tput.train would before starting a framework; returns
-  what it would train (tf_tput.models arithmetic). UsageError names the run."""
+  """Checks a train run as tf_tput.train would before starting a framework (its
+  preflight.check_shape, with the processes, islands and devices the run will have);
+  returns what it would train (tf_tput.models arithmetic). UsageError names the run."""
   if run.module != TRAIN_MODULE:
     return " ".join(run.args("...")[:-1])
+  system = run.flags["system"]
+  num_processes, num_islands = _launched(run)
   try:
     with config.quiet_include_probes():
       experiment = config.load_experiment(run.flags["gin_file"], run.flags["gin_param"],
-                                          systems.options(run.flags["system"]))
-    systems.check_experiment(run.flags["system"], experiment)
-    num_processes, num_islands = _launched(run)
-    if num_processes > 1 and not systems.load(run.flags["system"]).multi_process:
-      raise UsageError(f"--system={run.flags['system']} runs as one process, not under "
-                       "tf_tput.launch --num_processes (TrainMatrix.processes)")
-    if num_islands:
-      if not systems.load(run.flags["system"]).islands:
-        raise UsageError(f"--system={run.flags['system']} does not train across islands")
-      island_split.check_mesh(experiment, num_islands,
-                             systems.load(run.flags["system"]).islands,
-                             (run.flags.get("num_cpu_devices") or 0) * num_processes or None)
-    if "num_cpu_devices" in run.flags:
-      config.validate(experiment, num_devices=run.flags["num_cpu_devices"] * num_processes,
-                      num_processes=num_processes)
-    workers = _workers(run)
-    if workers:
-      config.validate(experiment, num_devices=workers[0] * workers[1])
-  except UsageError as e:
-    raise UsageError(f"run {run.label!r}: {e}") from None
-  try:
-    systems.check_strategy(run.flags["system"], run.strategy, experiment,
-                           run.flags.get("num_cpu_devices"))
-  except UsageError as e:  # train's words; the suite file says them as matrix fields
+                                          systems.options(system))
+    preflight.check_shape(system, experiment, strategy=run.strategy,
+                          num_processes=num_processes, num_islands=num_islands,
+                          num_cpu_devices=run.flags.get("num_cpu_devices"),
+                          workers=_workers(run))
+  except preflight.StrategyError as e:  # train's words; the suite file's are its fields
     raise UsageError(f"run {run.label!r}: {e} (in the suite file: TrainMatrix.dtypes, "
                      "strategy, num_cpu_devices)") from None
+  except preflight.OneProcessError:  # the matrix's processes, not a launcher's
+    raise UsageError(f"run {run.label!r}: --system={system} runs as one process, not "
+                     "under tf_tput.launch --num_processes (TrainMatrix.processes)") from None
+  except preflight.NoIslandsError:
+    raise UsageError(f"run {run.label!r}: --system={system} does not train across "
+                     "islands") from None
+  except UsageError as e:
+    raise UsageError(f"run {run.label!r}: {e}") from None
   m, d = experiment.model, experiment.data
   inputs = d.inputs_length if m.arch == "encoder_decoder" else 0
   tokens = experiment.train.global_batch * models.tokens_per_example(
