@@ -6,7 +6,7 @@ import pytest
 
 from cli_helpers import error_lines, run_cli
 
-TINY = "--gin_file=gin/models/t5_tiny.gin"
+TINY = "--gin_file=gin/models/decoder_tiny.gin"
 
 
 def _fails(tmp_path, *args, expect: str):

@@ -26,8 +26,12 @@ from tf_tput.records import results
 from tf_tput.runtime import cpus
 
 REPO = tf_tput.REPO_ROOT
-TINY = ["--gin_file=t5_tiny", "--gin_file=data2", "--steps=2", "--warmup_steps=1",
-        "--log_every=1"]
+# The launchers' plumbing on the quickest 2-device run: decoder_tiny at 16 positions
+# (tests/e2e/test_interrupted_runs.py's, so jax's program is compiled once a session).
+TARGETS_LENGTH = 16
+TINY = ["--gin_file=decoder_tiny", "--gin_file=data2",
+        f"--gin_param=DataConfig.targets_length={TARGETS_LENGTH}", "--steps=2",
+        "--warmup_steps=1", "--log_every=1"]
 RUN_TIMEOUT_S = 240  # XLA:CPU's collectives never time out: the wall clock does
 
 
@@ -78,15 +82,28 @@ def test_torchrun_two_workers_are_one_run(slurm, tmp_path, system, flags):
   assert record["job_id"] and record["num_devices"] == 2  # job_id: torchrun's run id
 
 
+# The suite cluster_local with decoder_tiny for t5_tiny (the runs exercise the
+# launchers, not T5): the same file, its model and lengths overridden, as
+# tests/e2e/test_readme_commands.py shrinks table1_local.
+SHRUNK_CLUSTER_LOCAL = """include '{real}'
+TrainMatrix.models = ['decoder_tiny']
+TrainMatrix.gin_params = ['DataConfig.targets_length = {targets_length}']
+"""
+
+
 def test_a_suite_under_sbatch_runs_each_system_as_srun_s_tasks(slurm, tmp_path):
   """scripts/slurm/suite.sbatch: tf_tput.suite --launcher=srun in the batch script,
-  each run of cluster_local a job step: jax and torch processes, tf2's
-  MultiWorkerMirroredStrategy workers (TF's SlurmClusterResolver), mtf's chief (task
-  0) and its 2 worker servers, 3 tasks on the job's 2 CPUs (--overcommit)."""
-  path = tmp_path / "r.jsonl"
+  each run of cluster_local (shrunk to decoder_tiny) a job step: jax and torch
+  processes, tf2's MultiWorkerMirroredStrategy workers (TF's SlurmClusterResolver),
+  mtf's chief (task 0) and its 2 worker servers, 3 tasks on the job's 2 CPUs
+  (--overcommit)."""
+  path, suite = tmp_path / "r.jsonl", tmp_path / "cluster_local.gin"
+  suite.write_text(SHRUNK_CLUSTER_LOCAL.format(
+      real=REPO / "gin" / "suites" / "cluster_local.gin", targets_length=TARGETS_LENGTH))
+  assert suites.load(str(suite)).name == "cluster_local"
   job = slurm.sbatch(str(REPO / "scripts" / "slurm" / "suite.sbatch"),
                      ["--ntasks=2", "--overcommit", f"--export=ALL,PYTHON={sys.executable}"],
-                     ["--suite=cluster_local", f"--results={path}"], cwd=str(REPO))
+                     [f"--suite={suite}", f"--results={path}"], cwd=str(REPO))
   code, state = slurm.wait_job(job, timeout=2 * RUN_TIMEOUT_S)
   out = open(slurm.output_path(job), errors="replace").read()[-4000:]
   records, problems = results.read(str(path))
@@ -98,7 +115,7 @@ def test_a_suite_under_sbatch_runs_each_system_as_srun_s_tasks(slurm, tmp_path):
       "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]  # mtf's servers
   assert [r["concurrent_runs"] for r in records] == [[]] * 4  # --exclusive, one by one
   # Both tasks of jax's step log the run id process 0 recorded, each line labelled.
-  [log] = (path.parent / "r.logs").glob("t5_tiny_jax_*.log")
+  [log] = (path.parent / "r.logs").glob("decoder_tiny_jax_*.log")
   text = log.read_text(errors="replace")
   assert set(re.findall(r"run ([0-9a-f]{12}): ", text)) == {records[0]["run_id"]}, text[-3000:]
   assert {line.split(":", 1)[0] for line in text.splitlines()[1:] if line.strip()} == {
@@ -131,7 +148,7 @@ def _command(pid: int) -> str:
 def test_a_task_killed_mid_run_leaves_process_0_s_failed_record(slurm, tmp_path):
   path = tmp_path / "r.jsonl"
   command = slurm.srun_command(["-n", "2", sys.executable, *_train(
-      "torch", path, "--steps=400", "--log_every=1")])
+      "torch", path, "--steps=100000", "--log_every=1")])
   proc = subprocess.Popen(command, env=dict(os.environ, **slurm.env()), cwd=tmp_path,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:

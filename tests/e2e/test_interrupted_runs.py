@@ -17,9 +17,11 @@ from tf_tput.records import results
 from cli_helpers import REPO, Launched
 
 STEP_TIMEOUT_S = 5
-# decoder_tiny at 16 positions: the quickest steps of a 2-process run.
+# decoder_tiny at 16 positions: the quickest steps of a 2-process run (and, without
+# the mesh, of mtf's one process).
 TWO_PROCESSES = ["--gin_file=decoder_tiny", "--gin_file=data2", "--num_cpu_devices=1",
                  "--gin_param=DataConfig.targets_length=16"]
+ONE_PROCESS = ["--gin_file=decoder_tiny", "--gin_param=DataConfig.targets_length=16"]
 
 
 def _only_record(path) -> dict:
@@ -95,7 +97,7 @@ def test_sigterms_to_an_mtf_run_leave_one_whole_interrupted_record(tmp_path,
   out = tmp_path / "runs.jsonl"
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
   proc = subprocess.Popen([sys.executable, "-m", "tf_tput.train", "--system=mtf",
-                           "--gin_file=t5_tiny", "--steps=1000000", "--log_every=1",
+                           *ONE_PROCESS, "--steps=1000000", "--log_every=1",
                            f"--results={out}"], cwd=REPO, env=env,
                           stderr=subprocess.PIPE, text=True)
   try:

@@ -147,7 +147,8 @@ def test_torch_and_ray_train_across_two_islands_and_count_the_bytes(tmp_path, sy
   out = tmp_path / "runs.jsonl"
   proc = run_cli("tf_tput.launch", "--islands=2", "--dcn_rate=1gbit", *launch, "--",
                  sys.executable, "-m", "tf_tput.train", f"--system={system}", *train,
-                 "--gin_file=gin/models/t5_tiny.gin",
+                 "--gin_file=gin/models/decoder_tiny.gin",
+                 "--gin_param=DataConfig.targets_length = 16",
                  "--gin_param=MeshConfig.mesh_shape = 'batch:2'", "--steps=4",
                  "--warmup_steps=1", f"--results={out}", timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

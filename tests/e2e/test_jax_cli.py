@@ -14,6 +14,9 @@ from tf_tput.records import results
 from cli_helpers import run_cli
 
 MESH_2X2 = "gin/mesh/data2_model2.gin"
+# Launched processes' plumbing: decoder_tiny at 16 positions, the quickest program.
+TINY = ["gin/models/decoder_tiny.gin", MESH_2X2]
+TINY_PARAMS = ["DataConfig.targets_length = 16"]
 
 
 def _record(path):
@@ -24,25 +27,28 @@ def _record(path):
   return record
 
 
-# One launch checks the three: a t5_tiny run on a 2x2 mesh (single-process jax runs
-# on 4 devices: tf_tput.parity below, tests/e2e/test_pipeline_cli.py), two launched
-# processes sharing that mesh, and sync_every. Each run compiles for 4 devices.
+# One launch checks the three: a decoder_tiny run on a 2x2 mesh (single-process jax
+# runs on 4 devices: tf_tput.parity below, tests/e2e/test_pipeline_cli.py), two
+# launched processes sharing that mesh, and sync_every. Each run compiles for 4 devices.
 @pytest.mark.loopback_ports  # the launcher's coordinator port (tests/conftest.py)
-def test_t5_tiny_trains_on_2x2_mesh_in_two_launched_processes_with_sync_every_2(tmp_path):
+def test_decoder_tiny_trains_on_2x2_mesh_in_two_launched_processes_with_sync_every_2(
+    tmp_path):
   out = tmp_path / "runs.jsonl"
   proc = run_cli("tf_tput.launch", "--num_processes=2", "--", sys.executable, "-m",
-                 "tf_tput.train", "--system=jax", "--gin_file=gin/models/t5_tiny.gin",
-                 f"--gin_file={MESH_2X2}", "--num_cpu_devices=2",
+                 "tf_tput.train", "--system=jax", *(f"--gin_file={f}" for f in TINY),
+                 *(f"--gin_param={p}" for p in TINY_PARAMS), "--num_cpu_devices=2",
                  "--gin_param=TrainConfig.sync_every=2", "--steps=4", "--warmup_steps=2",
                  f"--results={out}", f"--compilation_cache_dir={tmp_path / 'cache'}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = _record(out)
-  expected = config.load_experiment(["gin/models/t5_tiny.gin", MESH_2X2])
+  expected = config.load_experiment(TINY, TINY_PARAMS)
   assert record["system"] == "jax" and record["status"] == "ok"
   assert record["num_processes"] == 2 and record["num_devices"] == 4
   assert record["strategy"] == "multi_process"
   assert record["num_params"] == models.num_params(expected.model)
-  assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
+  # The whole global batch, of targets alone (a decoder has no inputs).
+  assert record["tokens_per_step"] == expected.train.global_batch * models.tokens_per_example(
+      expected.model, expected.data.inputs_length, expected.data.targets_length) == 8 * 16
   assert all(isinstance(loss, float) and math.isfinite(loss) for loss in record["losses"])
   assert statistics.mean(record["losses"][-3:]) < statistics.mean(record["losses"][:3]) - 0.3
   # Process 0 probed the peak between two barriers; its record holds the measured one.

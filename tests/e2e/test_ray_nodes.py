@@ -47,7 +47,9 @@ pytestmark = [pytest.mark.skipif(any(importlib.util.find_spec(m) is None
 if not IN_NAMESPACES:
   pytestmark.append(pytest.mark.loopback_ports)
 WHERE = "in_two_namespaces" if IN_NAMESPACES else "on_loopback_without_root"
-TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=t5_tiny",
+# decoder_tiny at 16 positions: the quickest steps of 2 actors.
+TWO_ACTORS = ["--system=ray", "--num_cpu_devices=2", "--gin_file=decoder_tiny",
+              "--gin_param=DataConfig.targets_length=16",
               "--gin_param=MeshConfig.mesh_shape='batch:2'", "--warmup_steps=1"]
 # Parity over the cluster (tf_tput.parity's comparison: torch on one device against 2
 # actors, from the same weights), then what the run left on the cluster, listed while
@@ -59,8 +61,9 @@ from ray._private import state
 from tf_tput import config, parity, systems
 from tf_tput.systems.torch.ray import cluster
 cluster.Cluster.stop = lambda self: None  # stay connected after close()
-experiment = config.load_experiment(["gin/models/t5_tiny.gin", "gin/mesh/data2.gin"],
-                                    [], systems.options("torch", "ray"))
+experiment = config.load_experiment(["gin/models/decoder_tiny.gin", "gin/mesh/data2.gin"],
+                                    ["DataConfig.targets_length = 16"],
+                                    systems.options("torch", "ray"))
 rows = parity.compare(parity.parse_sides(["torch", "ray"], experiment), 2, 3)
 me = ray.get_runtime_context().get_job_id()
 for _ in range(50):  # ray.kill is asynchronous

@@ -29,10 +29,11 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_processes"),
                                  reason=str(namespaces.private_missing()))]
 
 CLUSTER = {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]}
-# The command every pod of the job runs: t5_tiny over the two workers' devices.
+# The command every pod of the job runs: decoder_tiny at 16 positions (the quickest
+# model) over the two workers' devices.
 TRAIN = [sys.executable, "-m", "tf_tput.train", "--system=mtf",
-         "--strategy=multi_worker", "--gin_file=t5_tiny", "--gin_file=data2",
-         "--steps=2", "--warmup_steps=1"]
+         "--strategy=multi_worker", "--gin_file=decoder_tiny", "--gin_file=data2",
+         "--gin_param=DataConfig.targets_length=16", "--steps=2", "--warmup_steps=1"]
 SERVER = [sys.executable, "-m", "tf_tput.systems.tensorflow.server"]
 
 

@@ -17,8 +17,11 @@ pytest.importorskip("torch")
 from tf_tput.systems.torch import gemm as torch_gemm  # imports torch
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
-TRAIN = ("tf_tput.train", "--system=torch", "--gin_file=t5_tiny", "--steps=2",
-         "--warmup_steps=1")
+# The launchers' plumbing on the quickest model: decoder_tiny at 16 positions.
+TINY = ["decoder_tiny"]
+TINY_PARAMS = ["DataConfig.targets_length = 16"]
+TRAIN = ("tf_tput.train", "--system=torch", *(f"--gin_file={f}" for f in TINY),
+         *(f"--gin_param={p}" for p in TINY_PARAMS), "--steps=2", "--warmup_steps=1")
 
 
 def _records(path) -> list:
@@ -41,11 +44,15 @@ def test_two_launched_processes_train_the_one_process_run_s_losses(tmp_path, mon
                  *TRAIN, "--gemm=onednn", "--gin_file=data2", f"--results={two}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   [alone], [launched] = _records(one), _records(two)  # only process 0 appends
+  expected = config.load_experiment(TINY, TINY_PARAMS)
+  # The whole global batch, of targets alone (a decoder has no inputs).
+  tokens_per_step = expected.train.global_batch * models.tokens_per_example(
+      expected.model, expected.data.inputs_length, expected.data.targets_length)
+  assert tokens_per_step == 8 * 16
   for record in (alone, launched):
     assert record["system"] == "torch" and record["status"] == "ok", record["error"]
-    assert record["num_params"] == models.num_params(
-        config.load_experiment(["t5_tiny"]).model)
-    assert record["tokens_per_step"] == 8 * (128 + 128)  # the whole global batch
+    assert record["num_params"] == models.num_params(expected.model)
+    assert record["tokens_per_step"] == tokens_per_step
     assert record["env"]["torch"]
     assert record["compilation_cache"] is None  # eager: nothing asked torch.compile's
     assert record["env"]["gemm"] == {"path": "onednn", "chosen_by": "--gemm",

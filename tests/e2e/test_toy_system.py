@@ -43,7 +43,7 @@ def test_a_plugin_system_trains_runs_in_a_suite_and_is_reported(tmp_path):
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(site)]))
   out = tmp_path / "runs.jsonl"
 
-  train = _run("tf_tput.train", "--system=toy", "--gin_file=t5_tiny", "--steps=3",
+  train = _run("tf_tput.train", "--system=toy", "--gin_file=decoder_tiny", "--steps=3",
                "--warmup_steps=1", f"--results={out}", env=env, cwd=tmp_path)
   assert "on toy:" in train.stdout
   suite = tmp_path / "toy.gin"
@@ -58,7 +58,7 @@ def test_a_plugin_system_trains_runs_in_a_suite_and_is_reported(tmp_path):
   records, problems = results.read(str(out))
   assert problems == []
   assert [(r["system"], r["model"], r["status"]) for r in records] == [
-      ("toy", "t5_tiny", "ok"), ("toy", "t5_tiny", "ok"), ("toy", "decoder_tiny", "ok")]
+      ("toy", "decoder_tiny", "ok"), ("toy", "t5_tiny", "ok"), ("toy", "decoder_tiny", "ok")]
   for r in records:
     assert r["tokens_per_sec"] > 0 and r["losses"][-1] < r["losses"][0]  # it learns
     assert r["peak_source"].startswith("measured: numpy") and r["env"]["numpy"]
@@ -68,7 +68,7 @@ def test_a_plugin_system_trains_runs_in_a_suite_and_is_reported(tmp_path):
   # Parity needs the optional export_variables and load_variables, which the toy
   # trainer leaves to their defaults: one line, not a traceback.
   parity = subprocess.run([sys.executable, "-m", "tf_tput.parity", "--systems=toy,jax",
-                           "--gin_file=gin/models/t5_tiny.gin", "--steps=1"],
+                           "--gin_file=gin/models/decoder_tiny.gin", "--steps=1"],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
   assert parity.returncode == 2, parity.stderr[-2000:]
   assert [line for line in parity.stderr.splitlines() if line.startswith("error:")] == [

@@ -102,7 +102,7 @@ out, FLAGS = {}, flags.FLAGS
 for name, patches in CASES.items():
   path = os.path.join(sys.argv[2], f"{name}.jsonl")
   FLAGS.unparse_flags()
-  FLAGS(["train", "--system=toy", "--gin_file=t5_tiny", "--steps=2", "--warmup_steps=1",
+  FLAGS(["train", "--system=toy", "--gin_file=decoder_tiny", "--steps=2", "--warmup_steps=1",
          f"--results={path}"])
   err = io.StringIO()
   with contextlib.ExitStack() as stack:
@@ -155,7 +155,7 @@ def test_a_run_that_works_is_ok(cases):
 ])
 def test_a_failure_after_the_check_is_a_failed_record(cases, case, error_start):
   record = _failed_record(cases[case], error_start)
-  assert record["model"] == "t5_tiny" and record["steps"] == 2
+  assert record["model"] == "decoder_tiny" and record["steps"] == 2
   assert record["losses"] == []
   if case in ("devices", "peak"):
     assert record["peak_flops_per_device"] is None
@@ -218,7 +218,7 @@ def test_a_tpu_address_where_nothing_listens_fails_within_the_timeout(tmp_path):
   [port] = processes.free_loopback_ports(1)
   out = tmp_path / "runs.jsonl"
   start = time.monotonic()
-  proc = run_cli("tf_tput.train", "--gin_file=t5_tiny", "--strategy=tpu",
+  proc = run_cli("tf_tput.train", "--gin_file=decoder_tiny", "--strategy=tpu",
                  f"--tpu=grpc://127.0.0.1:{port}", "--cluster_timeout_s=1",
                  "--gin_param=ModelConfig.activation_dtype='bfloat16'", f"--results={out}",
                  timeout=300)
@@ -228,12 +228,12 @@ def test_a_tpu_address_where_nothing_listens_fails_within_the_timeout(tmp_path):
 
 
 def _process_0_of_2(env: dict, args: list, out) -> subprocess.CompletedProcess:
-  """train as process 0 of 2 launched processes whose peer never comes, on t5_tiny
-  over a batch:2 mesh, with --cluster_timeout_s=1."""
+  """train as process 0 of 2 launched processes whose peer never comes, on
+  decoder_tiny over a batch:2 mesh, with --cluster_timeout_s=1."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO), **env,
              **{processes.NUM_PROCESSES_ENV: "2", processes.PROCESS_ID_ENV: "0"})
   return subprocess.run(
-      [sys.executable, "-m", "tf_tput.train", *args, "--gin_file=t5_tiny",
+      [sys.executable, "-m", "tf_tput.train", *args, "--gin_file=decoder_tiny",
        "--gin_file=data2", "--cluster_timeout_s=1", f"--results={out}"], cwd=REPO,
       env=env, capture_output=True, text=True, timeout=300)
 
