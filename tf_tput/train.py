@@ -40,7 +40,7 @@ def _peak_store(system, reprobe: bool) -> peak_store.PeakStore:
   tf2) share them."""
   return peak_store.PeakStore(
       os.path.join(preflight.user_cache(), "tf_tput", peak_store.FILE_NAME),
-      provenance.versions(system.runtime.distributions or system.distributions),
+      provenance.versions(systems.probe_distributions(system)),
       reprobe=reprobe)
 
 

@@ -221,6 +221,13 @@ def distributions() -> dict:
   return out
 
 
+def probe_distributions(system: System) -> dict:
+  """The distributions whose versions key the system's kept peak probes: its runtime's
+  framework's where the runtime names them (the systems on one framework share its
+  probes), else the system's own."""
+  return system.runtime.distributions or system.distributions
+
+
 def named_in(command, default: Optional[str] = DEFAULT) -> Optional[str]:
   """The --system value a tf_tput.train command line gives (absl's --system=X,
   --system X, -system=X), else `default`."""
