@@ -36,9 +36,8 @@ os.environ[host_runs.LIVE_DIR_ENV] = tempfile.mkdtemp(
 
 
 # One GEMM path per framework for the tests' runs (tf_tput/measure/gemm.py), set as a
-# user sets it, so that no run probes every path in child processes: each xdist
-# worker has a peak store of its own, and TF's two probes took ~26 s a worker and
-# dtype. Eigen, not oneDNN: on the tests' tiny models oneDNN's per-op setup made each
+# user sets it, so that no run probes every path in child processes: TF's two probes
+# took ~26 s a dtype (once per session now that the workers share one peak store). Eigen, not oneDNN: on the tests' tiny models oneDNN's per-op setup made each
 # mtf run slower (t5_tiny on 2x2, 10 steps: 25.6 s against 27.9 s). The tests of the
 # choice itself remove these (test_gemm.py, test_train_cli.py, test_torch_cli.py).
 GEMM_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_TPUT_TORCH_GEMM": "aten"}

@@ -59,7 +59,6 @@ def padded_batch(experiment) -> dict:
 def training_run(name: str, params: tuple = (), steps: int = 10) -> Reference:
   """The mtf trainer of gin/models/{name}.gin with params (gin bindings) after `steps`
   steps: computed by the first process of the session that asks, read by the others."""
-  params = tuple(params)
   key = hashlib.sha256(json.dumps([name, list(params), steps]).encode()).hexdigest()[:16]
   directory = os.path.join(os.environ["XDG_CACHE_HOME"], SUBDIR)
   os.makedirs(directory, exist_ok=True)

@@ -19,7 +19,7 @@ from tf_tput.errors import UsageError
 from tf_tput.measure import gemm
 from tf_tput.records import results
 from tf_tput.request import Request
-from tf_tput.runtime import topology as topology_lib
+from tf_tput.runtime import launchers, topology as topology_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +38,9 @@ def experiment_of(request: Request) -> config.Experiment:
                                 systems.options(request.system))
 
 
-# Launch.launcher of the processes tf_tput.launch starts (runtime/launchers.py). It
-# starts a chief's worker servers itself (--num_workers) and the chief once, so its
-# several processes (--num_processes) are never a chief and its servers.
-LAUNCH_MODULE = "tf_tput.launch"
+# Its several processes (--num_processes) are never a chief and its servers: it starts
+# those itself (--num_workers).
+LAUNCH_MODULE = launchers.TF_TPUT_LAUNCH
 
 # The longest --cluster_timeout_s (11.6 days): every framework's clock takes it.
 MAX_TIMEOUT_S = 1e6

@@ -18,7 +18,7 @@ from cli_helpers import Launched, error_lines, run_cli
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 # decoder_tiny with one layer: each of the five tf2 processes here builds its model
-# (~4 s less than t5_tiny's); tf2 trains t5_tiny in test_tf2_strategy.py.
+# (~4 s less than t5_tiny's); tf2 trains t5_tiny in tests/unit/test_tf2_model.py.
 TRAIN = ["--system=tf2", "--gin_file=gin/models/decoder_tiny.gin",
          "--gin_param=MeshConfig.mesh_shape = 'batch:2'",
          "--gin_param=ModelConfig.num_layers = 1",

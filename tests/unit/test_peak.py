@@ -323,5 +323,6 @@ def test_systems_on_one_framework_keep_their_probes_under_its_versions():
   from tf_tput import systems
   mtf, tf2, jax = (systems.probe_distributions(systems.load(name))
                    for name in ("mtf", "tf2", "jax"))
-  assert mtf == tf2 == {"tensorflow": ("tensorflow", "tensorflow-cpu")}
+  from tf_tput.systems.tensorflow import runtime as tf_runtime
+  assert mtf == tf2 == tf_runtime.RUNTIME.distributions
   assert jax == systems.load("jax").distributions

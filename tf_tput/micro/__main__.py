@@ -189,9 +189,10 @@ def crossover(request: MicroRequest, hosts_list, durations: list, base: dict) ->
         spec = micro.Spec(system, "opbyop", hosts, matmul_n=sizes[ms],
                           computations=computations, chain_length=1, repeats=3, **base)
         records[(system, ms)] = measure(request, spec, ms, measured[ms])
-    for system in (s for s in request.systems if s != "jax"):
-      lines.append(f"crossover {system} vs jax, {hosts} host(s): " + micro.crossover_result(
-          system, durations, records, request.crossover_fraction, sized))
+    for system in (s for s in request.systems if s != micro.REFERENCE):
+      lines.append(f"crossover {system} vs {micro.REFERENCE}, {hosts} host(s): "
+                   + micro.crossover_result(system, durations, records,
+                                            request.crossover_fraction, sized))
   return lines
 
 
@@ -232,10 +233,10 @@ def _validated_args(request: MicroRequest):
   if not 0 < request.timeout_s <= 1e6:  # NaN too
     raise UsageError(f"--timeout_s={request.timeout_s}; it must be > 0 (seconds) and at "
                      "most 1e6")
-  if request.crossover and "jax" not in request.systems:
-    raise UsageError(f"--crossover compares each system's rate with jax's, but "
-                     f"--systems={','.join(request.systems)} has no jax; add it, e.g. "
-                     f"--systems={','.join([*request.systems, 'jax'])}")
+  if request.crossover and micro.REFERENCE not in request.systems:
+    raise UsageError(f"--crossover compares each system's rate with {micro.REFERENCE}'s, "
+                     f"but --systems={','.join(request.systems)} has no {micro.REFERENCE}; "
+                     f"add it, e.g. --systems={','.join([*request.systems, micro.REFERENCE])}")
   if request.computations % request.chain_length:
     raise UsageError(f"--computations={request.computations} is not a multiple of "
                      f"--chain_length={request.chain_length}; e.g. --computations="

@@ -42,7 +42,10 @@ from tf_tput.errors import UsageError
 from tf_tput.records import build
 from tf_tput.runtime import processes
 
-LAUNCHERS = ("tf_tput.launch", "torchrun", "mpirun", "tf_config", "slurm")
+# Launch.launcher of the processes tf_tput.launch starts (it starts a chief's worker
+# servers itself, --num_workers, and the chief once).
+TF_TPUT_LAUNCH = "tf_tput.launch"
+LAUNCHERS = (TF_TPUT_LAUNCH, "torchrun", "mpirun", "tf_config", "slurm")
 
 # The coordinator's port for a job, where JAX's own cluster detection puts its own
 # (jax/_src/clusters/slurm_cluster.py, ompi_cluster.py) so the two agree: above Linux's
@@ -126,7 +129,7 @@ def _tf_tput_launch(environ) -> Optional[Launch]:
     return None
   size = _int(environ, processes.NUM_PROCESSES_ENV)
   rank = _int(environ, processes.PROCESS_ID_ENV)  # all on this machine (or its islands)
-  return _checked(Launch("tf_tput.launch", size, rank, rank, size,
+  return _checked(Launch(TF_TPUT_LAUNCH, size, rank, rank, size,
                          environ.get(processes.COORDINATOR_ENV)),
                   f"{processes.PROCESS_ID_ENV} and {processes.NUM_PROCESSES_ENV}")
 
@@ -293,7 +296,7 @@ def detect(environ: Mapping = os.environ) -> Launch:
     # tf_tput.launch runs anywhere and sets TF_CONFIG itself (its tf2 workers);
     # torchrun and mpirun start their processes from Slurm tasks; an outer launcher
     # of one process (an sbatch script, a single srun task) started only the inner one.
-    nests = (outer.alone or inner.launcher == "tf_tput.launch"
+    nests = (outer.alone or inner.launcher == TF_TPUT_LAUNCH
              or (inner.launcher in ("torchrun", "mpirun") and outer.launcher == "slurm"))
     if not nests:
       raise UsageError(f"two launchers claim this process: {_describe(inner)} and "

@@ -152,7 +152,7 @@ class Run:
 
 # How a suite's runs start (tf_tput.suite --launcher): under tf_tput.launch on this
 # machine, or each as a job step of the Slurm job the suite runs in (srun_prefix).
-LAUNCHERS = ("tf_tput.launch", "srun")
+LAUNCHERS = (LAUNCH_MODULE, "srun")
 # A task that fails ends its step: its peers would wait in a collective. --label:
 # each line of the run's log says which task wrote it.
 SRUN = ("srun", "--kill-on-bad-exit=1", "--label")

@@ -350,7 +350,7 @@ class JaxPipelineTrainer(systems.Trainer):
             for k, v in self.micro_batches(batch).items()}
 
   def lower(self, batch: dict):
-    """The jitted step lowered for this batch (for .compile().as_text(), tests)."""
+    """The jitted step lowered for this batch (compile() compiles it ahead)."""
     return self._step.lower(self._params, self._opt_state, self.global_batch(batch))
 
   def compile(self, batch: dict) -> None:
