@@ -26,6 +26,12 @@ from tf_tput.runtime.topology import Topology
 
 SUBDIR = "mtf-references"  # under XDG_CACHE_HOME: conftest.py's session directory
 PADDED_SEED = 1
+# What the files comparing with these runs share, so that they ask for the same runs:
+# the optimizer steps compared, and a configuration whose weights Adafactor factors
+# (d_model 128 and 8 heads: embedding, q/k/v/o and wi/wo have two dims >= 128; the
+# tiny models factor nothing).
+STEPS = 10
+FACTORED = ("ModelConfig.d_model = 128", "ModelConfig.num_heads = 8")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,14 +22,11 @@ from tf_tput.systems.jax import model as jax_model  # noqa: E402
 
 jax.config.update("jax_enable_x64", False)
 
-STEPS = 10
+STEPS, FACTORED = mtf_references.STEPS, mtf_references.FACTORED
 STEP0_RTOL = 1e-5        # float32, same weights and batch
 TRAINING_RTOL = 1e-3     # float32, every one of STEPS optimizer steps
 PACKED = ("DataConfig.pack = True", "DataConfig.source = 'tfds'",
           "DataConfig.tfds_name = 'lm1b'")
-# d_model 128 and 8 heads: embedding, q/k/v/o and wi/wo have two dims >= 128, so
-# Adafactor factors their second moments (the tiny models factor nothing).
-FACTORED = ("ModelConfig.d_model = 128", "ModelConfig.num_heads = 8")
 
 
 @pytest.fixture(autouse=True, scope="module")

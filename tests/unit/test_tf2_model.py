@@ -15,11 +15,9 @@ from tf_tput.errors import UsageError
 from tf_tput.runtime.topology import Topology
 from tf_tput.systems.tensorflow.tf2 import system as tf2
 
-STEPS = 10
+STEPS, FACTORED = mtf_references.STEPS, mtf_references.FACTORED
 STEP0_RTOL = 1e-5        # float32, same weights and batch
 TRAINING_RTOL = 1e-3     # float32, every one of STEPS optimizer steps
-# d_model 128 and 8 heads: embedding, q/k/v/o and wi/wo are factored by Adafactor.
-FACTORED = ("ModelConfig.d_model = 128", "ModelConfig.num_heads = 8")
 ONE_CPU = Topology("tf", "cpu", ("/device:CPU:0",), "cpu")
 
 
