@@ -13,6 +13,10 @@ from typing import Optional
 from tf_tput import GIN_DIR
 from tf_tput.errors import UsageError
 
+# Every way a System's islands may split a run (its `islands`): data parallel inside
+# islands, the model split inside them, a pipeline's stages across them.
+PARALLELISMS = ("data", "model", "pipeline")
+
 
 def check_mesh(experiment, num_islands: int, parallelism=("data",),
                num_devices: Optional[int] = None) -> None:

@@ -206,11 +206,6 @@ class NoIslandsError(UsageError):
   """Islands for a system that does not train across them."""
 
 
-# Every way a System's islands may split a run across and inside islands
-# (island_split.check_mesh): with no system chosen, the mesh is held to what one could do.
-ANY_ISLANDS = ("data", "model", "pipeline")
-
-
 def check_shape(system_name: Optional[str], experiment: config.Experiment, *,
                 strategy: str = "local", num_processes: int = 1,
                 launcher: str = LAUNCH_MODULE, num_islands: int = 0,
@@ -230,7 +225,8 @@ def check_shape(system_name: Optional[str], experiment: config.Experiment, *,
   chief finds them), else None."""
   if system_name is None:
     if num_islands:
-      island_split.check_mesh(experiment, num_islands, ANY_ISLANDS)
+      # No system chosen: the mesh is held to what the most able one could do.
+      island_split.check_mesh(experiment, num_islands, island_split.PARALLELISMS)
     return
   system = systems.load(system_name)
   systems.check_experiment(system_name, experiment)
